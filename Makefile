@@ -1,0 +1,50 @@
+# cklite: lightweight checkpoint, rollback and fork of containers in containerd.
+#
+#   make demo   install what is needed (cached) and run the demo against a private containerd
+#   make test   install what is needed (cached), then unit and integration tests
+#
+# Both need root: they install under /opt/cklite and run containers.
+
+GO        ?= /usr/local/go/bin/go
+export PATH := $(dir $(GO)):$(PATH)
+export GOTOOLCHAIN := local
+export GOFLAGS := -buildvcs=false
+BIN       := $(CURDIR)/bin
+# cgo and the seccomp tag: the shim links libcontainer, which is also the container's init.
+BUILDTAGS ?= seccomp
+INTEGRATION_TIMEOUT ?= 45m
+
+.PHONY: all deps build demo test test-unit test-integration vet clean
+
+all: build
+
+## deps: CRIU, containerd, runc, nerdctl, CNI plugins, registry, crane and apt packages (idempotent)
+deps:
+	contrib/install.sh
+
+## build: cklite's binaries into bin/
+build:
+	$(GO) build ./...
+	@if [ -n "$$($(GO) list ./cmd/... 2>/dev/null)" ]; then \
+		echo "$(GO) build -tags '$(BUILDTAGS)' -o $(BIN)/ ./cmd/..."; \
+		CGO_ENABLED=1 $(GO) build -tags '$(BUILDTAGS)' -o $(BIN)/ ./cmd/...; \
+	fi
+
+## demo: run a container on a private containerd, checkpoint and restore it, print timings
+demo: deps build
+	$(GO) run ./integration/demo
+
+vet:
+	$(GO) vet ./...
+
+## test: unit tests, then the integration tests against a real containerd
+test: deps build vet test-unit test-integration
+
+test-unit:
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/integration$$')
+
+test-integration:
+	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,217 @@
+#!/bin/bash
+# install.sh installs everything cklite needs on a Debian 12 machine, from Debian's archive and the
+# Go module proxy only (no image registry, no prebuilt downloads):
+#
+#   CRIU >= 4            host's criu if it passes `criu check`, else 4.1.1 built from Debian's upstream tarball
+#   containerd, ctr, containerd-shim-runc-v2, runc, nerdctl, CNI plugins, registry, crane
+#                        built from the Go module proxy at the versions pinned in versions.env
+#   apt packages         iptables (CRIU's network lock), libseccomp-dev (the shims), debootstrap (test images)
+#
+# Everything lands under $CKLITE_PREFIX (/opt/cklite): bin/ holds every binary, cni/bin the CNI plugins.
+# Sources and build trees are cached under $CKLITE_CACHE (/var/cache/cklite). Each step is skipped when
+# what it produces is already there at the pinned version, so a second run takes seconds.
+set -euo pipefail
+umask 022
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+PREFIX=${CKLITE_PREFIX:-/opt/cklite}
+CACHE=${CKLITE_CACHE:-/var/cache/cklite}
+BIN=$PREFIX/bin
+STAMPS=$PREFIX/.installed
+LOGS=$CACHE/logs
+export PATH=$BIN:/usr/local/go/bin:$PATH GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+
+say() { printf '[install] %s\n' "$*"; }
+die() { printf '[install] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# run_logged LOG CMD...: runs CMD with its output in LOG; on failure shows the tail and names the log.
+run_logged() {
+  local log=$1; shift
+  if ! "$@" >>"$log" 2>&1; then
+    tail -n 25 "$log" >&2
+    die "'$*' failed (full log: $log)"
+  fi
+}
+
+now() { date +%s.%N; }
+STEP_T0=
+step_begin() { STEP_T0=$(now); say "$1 ..."; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1fs", b-a}'; }
+step_end() { say "$1: $2 ($(elapsed "$STEP_T0"))"; }
+
+# stamp NAME VERSION records that NAME was installed at VERSION; has_stamp tells whether it was.
+stamp() { mkdir -p "$STAMPS"; echo "$2" >"$STAMPS/$1"; }
+has_stamp() { [ "$(cat "$STAMPS/$1" 2>/dev/null)" = "$2" ]; }
+
+preflight() {
+  [ "$(id -u)" = 0 ] || die "must run as root (cklite installs under $PREFIX and runs containers)"
+  [ -r /etc/debian_version ] || die "this installer supports Debian (12, bookworm); /etc/debian_version is missing"
+  if ! grep -qw overlay /proc/filesystems; then
+    modprobe overlay 2>/dev/null || true
+    grep -qw overlay /proc/filesystems || die "the kernel has no overlayfs (not in /proc/filesystems, modprobe overlay failed)"
+  fi
+  command -v go >/dev/null || die "Go not found: install Go >= 1.26 at /usr/local/go or on PATH"
+  local gov
+  gov=$(go env GOVERSION)
+  case "$gov" in
+    go1.2[6-9]*|go1.[3-9][0-9]*|go[2-9]*) ;;
+    *) die "Go >= 1.26 is needed (containerd $CONTAINERD_VERSION requires it); found $gov" ;;
+  esac
+  mkdir -p "$BIN" "$CACHE" "$LOGS" "$PREFIX/cni/bin"
+}
+
+APT_PACKAGES=(
+  iptables libseccomp-dev debootstrap xz-utils pkg-config make gcc
+  # CRIU's build dependencies (only used when the host has no working CRIU >= 4)
+  libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
+  libnl-3-dev libcap-dev libnet1-dev libbsd-dev uuid-dev libnftables-dev libgnutls28-dev libaio-dev
+)
+
+apt_packages() {
+  local missing=() p
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    say "apt packages: all ${#APT_PACKAGES[@]} present"
+    return
+  fi
+  STEP_T0=$(now)
+  say "apt packages: installing ${missing[*]}"
+  run_logged "$LOGS/apt.log" apt-get update
+  DEBIAN_FRONTEND=noninteractive run_logged "$LOGS/apt.log" apt-get install -y --no-install-recommends "${missing[@]}"
+  step_end "apt packages" "installed ${#missing[@]}"
+}
+
+# criu_ok PATH: PATH is a CRIU >= CRIU_MIN_MAJOR whose `criu check` passes on this kernel.
+criu_ok() {
+  local c=$1 v
+  [ -x "$c" ] || return 1
+  v=$("$c" --version 2>/dev/null | awk -F': ' '/^Version/{print $2; exit}')
+  [ -n "$v" ] && [ "${v%%.*}" -ge "$CRIU_MIN_MAJOR" ] || return 1
+  "$c" check >/dev/null 2>&1
+}
+
+# fetch_criu_tarball sets CRIU_TARBALL to the verified orig tarball of trixie's criu source package,
+# fetched with apt-get source through a private apt configuration: the host's apt sources stay as they are.
+fetch_criu_tarball() {
+  CRIU_TARBALL=$CACHE/criu/criu_${CRIU_VERSION}.orig.tar.xz
+  if [ -f "$CRIU_TARBALL" ] && echo "$CRIU_SHA256  $CRIU_TARBALL" | sha256sum -c --quiet 2>/dev/null; then
+    return
+  fi
+  local apt=$CACHE/apt-trixie-src uri version
+  uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/{for(i=2;i<=NF;i++) print $i}' | grep -v -- '-security' | head -n 1)
+  [ -n "$uri" ] || uri=$(awk '$1=="deb"{for(i=2;i<=NF;i++) if ($i ~ /^[a-z]+:\/\//) print $i}' /etc/apt/sources.list 2>/dev/null | grep -v -- '-security' | head -n 1)
+  [ -n "$uri" ] || die "cannot find a Debian archive URI in /etc/apt/sources.list(.d) to fetch criu's source from"
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$CACHE/criu"
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri trixie main" >"$apt/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/none"
+    -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache")
+  run_logged "$LOGS/criu.log" apt-get "${opts[@]}" update
+  version=$(apt-cache "${opts[@]}" showsrc criu 2>/dev/null | awk '/^Version:/{print $2}' | grep -m1 "^${CRIU_VERSION}-" || true)
+  [ -n "$version" ] || die "trixie's criu source package is no longer $CRIU_VERSION: update CRIU_VERSION and CRIU_SHA256 in versions.env"
+  # The .dsc of this source package may 404 while the orig tarball arrives: judge by the tarball.
+  (cd "$CACHE/criu" && apt-get "${opts[@]}" source --download-only "criu=$version") >>"$LOGS/criu.log" 2>&1 || true
+  [ -f "$CRIU_TARBALL" ] || die "apt-get source did not deliver $(basename "$CRIU_TARBALL") (see $LOGS/criu.log)"
+  echo "$CRIU_SHA256  $CRIU_TARBALL" | sha256sum -c --quiet || die "$CRIU_TARBALL: sha256 mismatch, expected $CRIU_SHA256"
+}
+
+install_criu() {
+  if criu_ok "$BIN/criu"; then
+    say "criu: $("$BIN/criu" --version | awk -F': ' '/^Version/{print $2}') at $BIN/criu passes criu check (skipped)"
+    return
+  fi
+  STEP_T0=$(now)
+  local host
+  host=$(PATH=${PATH#"$BIN:"} command -v criu || true)
+  if [ -n "$host" ] && criu_ok "$host"; then
+    ln -sf "$host" "$BIN/criu"
+    step_end "criu" "using the host's $host"
+    return
+  fi
+  [ -z "$host" ] || say "criu: host's $host is older than $CRIU_MIN_MAJOR.0 or fails 'criu check'; building $CRIU_VERSION"
+  local src=$CACHE/criu/criu-$CRIU_VERSION
+  fetch_criu_tarball
+  rm -rf "$src" && tar -C "$CACHE/criu" -xf "$CRIU_TARBALL"
+  [ -d "$src" ] || die "$CRIU_TARBALL did not unpack to $src"
+  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu
+  run_logged "$LOGS/criu.log" make -C "$src" install-criu PREFIX="$PREFIX" SBINDIR="$BIN"
+  rm -rf "$src"
+  if ! criu_ok "$BIN/criu"; then
+    "$BIN/criu" check >&2 || true
+    die "the CRIU $CRIU_VERSION just built fails 'criu check' on kernel $(uname -r)"
+  fi
+  step_end "criu" "built $CRIU_VERSION into $BIN/criu"
+}
+
+# go_install NAME VERSION BINS... -- PKG...: go install PKGs@VERSION into $BIN unless done already.
+go_install() {
+  local name=$1 version=$2 bins=() pkgs=() b
+  shift 2
+  while [ "$1" != "--" ]; do bins+=("$1"); shift; done
+  shift
+  pkgs=("$@")
+  if has_stamp "$name" "$version"; then
+    local all=1
+    for b in "${bins[@]}"; do [ -x "$b" ] || all=0; done
+    if [ $all = 1 ]; then say "$name $version: present (skipped)"; return; fi
+  fi
+  step_begin "$name $version: go install"
+  local p
+  for p in "${pkgs[@]}"; do
+    run_logged "$LOGS/$name.log" env ${GO_ENV:-} go install ${GO_TAGS:+-tags "$GO_TAGS"} "$p@$version"
+  done
+  for b in "${bins[@]}"; do [ -x "$b" ] || die "$name: $b missing after go install"; done
+  stamp "$name" "$version"
+  step_end "$name $version" "installed"
+}
+
+install_go_stack() {
+  local c="github.com/containerd/containerd/v2/cmd"
+  GOBIN=$BIN GO_TAGS="no_btrfs urfave_cli_no_docs" go_install containerd "$CONTAINERD_VERSION" \
+    "$BIN/containerd" "$BIN/ctr" "$BIN/containerd-shim-runc-v2" -- "$c/containerd" "$c/ctr" "$c/containerd-shim-runc-v2"
+  GOBIN=$BIN GO_ENV=CGO_ENABLED=1 GO_TAGS="seccomp urfave_cli_no_docs" go_install runc "$RUNC_VERSION" \
+    "$BIN/runc" -- github.com/opencontainers/runc
+  local p="github.com/containernetworking/plugins/plugins" cni=$PREFIX/cni/bin
+  GOBIN=$cni go_install cni-plugins "$CNI_PLUGINS_VERSION" \
+    "$cni/bridge" "$cni/host-local" "$cni/loopback" "$cni/portmap" "$cni/firewall" "$cni/tuning" -- \
+    "$p/main/bridge" "$p/ipam/host-local" "$p/main/loopback" "$p/meta/portmap" "$p/meta/firewall" "$p/meta/tuning"
+  GOBIN=$BIN go_install registry "$REGISTRY_VERSION" "$BIN/registry" -- \
+    github.com/distribution/distribution/v3/cmd/registry
+  GOBIN=$BIN go_install crane "$CRANE_VERSION" "$BIN/crane" -- \
+    github.com/google/go-containerregistry/cmd/crane
+  install_nerdctl
+}
+
+# nerdctl's module requires github.com/containerd/nerdctl/mod/tigron, which the module proxy does not
+# serve; only a test helper in cmd/nerdctl/helpers uses it. Build from a copy of the module without it.
+install_nerdctl() {
+  if has_stamp nerdctl "$NERDCTL_VERSION" && [ -x "$BIN/nerdctl" ]; then
+    say "nerdctl $NERDCTL_VERSION: present (skipped)"; return
+  fi
+  step_begin "nerdctl $NERDCTL_VERSION: build"
+  local mod="github.com/containerd/nerdctl/v2" dir src=$CACHE/src/nerdctl-$NERDCTL_VERSION
+  dir=$(cd / && go mod download -json "$mod@$NERDCTL_VERSION" | awk -F'"' '/"Dir":/{print $4}')
+  [ -d "$dir" ] || die "go mod download $mod@$NERDCTL_VERSION gave no module directory (see the Go module proxy)"
+  rm -rf "$src" && mkdir -p "$CACHE/src" && cp -r "$dir" "$src" && chmod -R u+w "$src"
+  rm -f "$src/cmd/nerdctl/helpers/testing_linux.go"
+  (cd "$src" && go mod edit -droprequire github.com/containerd/nerdctl/mod/tigron \
+    -dropreplace github.com/containerd/nerdctl/mod/tigron)
+  run_logged "$LOGS/nerdctl.log" sh -c "cd '$src' && go build -tags no_btrfs -o '$BIN/nerdctl' ./cmd/nerdctl"
+  stamp nerdctl "$NERDCTL_VERSION"
+  step_end "nerdctl $NERDCTL_VERSION" "built into $BIN/nerdctl"
+}
+
+main() {
+  local t0
+  t0=$(now)
+  preflight
+  apt_packages
+  install_criu
+  install_go_stack
+  say "done in $(elapsed "$t0"): binaries in $BIN"
+}
+
+main "$@"

@@ -1,0 +1,75 @@
+package harness
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// containerdConfig renders the daemon's config (version 3, which containerd 2.x migrates on load).
+// The cklite runtime handler for CRI is always present, the cklite proxy snapshotter only when it
+// runs; for ctr, nerdctl and the Go client the runtime name io.containerd.cklite.v2 resolves to the
+// shim binary on the daemon's PATH, so nothing else is needed to register it.
+func (d *Daemon) containerdConfig() string {
+	level := d.cfg.LogLevel
+	if level == "" {
+		level = "info"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `version = 3
+root = %q
+state = %q
+temp = %q
+imports = []
+
+[grpc]
+  address = %q
+
+[ttrpc]
+  address = %q
+
+[debug]
+  level = %q
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = %q
+
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_criu = true
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = [%q]
+      conf_dir = %q
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.cklite]
+      runtime_type = %q
+`, d.Root, d.State, filepath.Join(d.Dir, "tmp"), d.Address, d.Address+".ttrpc", level,
+		d.HostsDir, d.stack.CNIBin, filepath.Join(d.Dir, "cni", "net.d"), CkliteRuntime)
+	if d.SnapshotterAddress != "" {
+		fmt.Fprintf(&b, `      snapshotter = 'cklite'
+
+[proxy_plugins]
+  [proxy_plugins.cklite]
+    type = 'snapshot'
+    address = %q
+`, d.SnapshotterAddress)
+	}
+	return b.String()
+}
+
+func (d *Daemon) nerdctlConfigPath() string { return filepath.Join(d.Dir, "nerdctl.toml") }
+
+// nerdctlConfig points nerdctl at this daemon, with its own data root (container names, logs,
+// checkpoints) and CNI configuration, so it shares nothing with a nerdctl on the host.
+func (d *Daemon) nerdctlConfig() string {
+	return fmt.Sprintf(`address = %q
+namespace = %q
+snapshotter = "overlayfs"
+cgroup_manager = "cgroupfs"
+data_root = %q
+cni_path = %q
+cni_netconfpath = %q
+hosts_dir = [%q]
+`, d.Address, d.Namespace, filepath.Join(d.Dir, "nerdctl"), d.stack.CNIBin, filepath.Join(d.Dir, "cni", "net.d"), d.HostsDir)
+}
