@@ -38,9 +38,6 @@ type Config struct {
 	// Address is the gRPC socket; empty: Dir/containerd.sock. An address some other process
 	// already serves is an error.
 	Address string
-	// Namespace is the containerd namespace the helpers use; empty: a fresh unique one, so the
-	// cgroups of this daemon's containers (/<namespace>/<id>) never collide with another's.
-	Namespace string
 	// Registry, when set, is made reachable over plain HTTP for containerd, CRI and nerdctl.
 	Registry *Registry
 	// CkliteSnapshotter starts cklite-snapshotter from Stack.ProjectBin and registers it as the
@@ -76,10 +73,9 @@ func Start(ctx context.Context, stack *Stack, cfg Config) (_ *Daemon, retErr err
 	if err := preflight(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{stack: stack, cfg: cfg, Dir: cfg.Dir, Namespace: cfg.Namespace, started: time.Now()}
-	if d.Namespace == "" {
-		d.Namespace = "it-" + randomHex(4)
-	}
+	// A namespace of its own: the cgroups (/<namespace>/<id>) and runc state of this daemon's
+	// containers never collide with another's, and teardown may remove them wholesale.
+	d := &Daemon{stack: stack, cfg: cfg, Dir: cfg.Dir, Namespace: "it-" + randomHex(4), started: time.Now()}
 	if d.Dir == "" {
 		dir, err := newRunDir("ctrd-")
 		if err != nil {

@@ -191,11 +191,8 @@ func teardown(dir, address, namespace string) error {
 	errs = append(errs, removeCgroups(cgroups))
 	errs = append(errs, unmountBelow(dir))
 	if namespace != "" {
-		// The runc shim keeps runc's state under a fixed root whatever containerd's state is;
-		// its per-namespace directory is empty once every container is gone.
-		if err := os.Remove(filepath.Join(runcRoot, namespace)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
+		// The runc shim keeps runc's state under a fixed root whatever containerd's state is.
+		errs = append(errs, os.RemoveAll(filepath.Join(runcRoot, namespace)))
 	}
 	return errors.Join(errs...)
 }

@@ -112,7 +112,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// tarRootfs writes the tree under root as a layer tar. Owners stay numeric (the image's ids are
+// tarRootfs writes the tree under root as a tar (a layer, or an image layout archive). Owners stay numeric (the image's ids are
 // not the host's names), and a second path to an inode becomes a hard link entry.
 func tarRootfs(root string, w io.Writer) error {
 	tw := tar.NewWriter(w)
@@ -221,7 +221,7 @@ func splitNul(b []byte) []string {
 }
 
 // writeArchive tars an OCI image layout directory into the archive that `ctr images import` and
-// `nerdctl load` read.
+// `nerdctl load` read, renaming it into place only when complete.
 func writeArchive(layout, archive string) error {
 	tmp := archive + ".tmp"
 	f, err := os.Create(tmp)
@@ -230,39 +230,7 @@ func writeArchive(layout, archive string) error {
 	}
 	defer os.Remove(tmp)
 	defer f.Close()
-	tw := tar.NewWriter(f)
-	err = filepath.WalkDir(layout, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || path == layout {
-			return err
-		}
-		rel, err := filepath.Rel(layout, path)
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		hdr, err := tar.FileInfoHeader(fi, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name, hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = rel, "", "", 0, 0
-		if err := tw.WriteHeader(hdr); err != nil || !fi.Mode().IsRegular() {
-			return err
-		}
-		src, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer src.Close()
-		_, err = io.Copy(tw, src)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
+	if err := tarRootfs(layout, f); err != nil {
 		return err
 	}
 	if err := f.Close(); err != nil {

@@ -38,19 +38,7 @@ func TestWriteLayout(t *testing.T) {
 		t.Fatalf("uncompressed layer digest must equal diff id: layers %+v, diff ids %v", manifest.Layers, config.RootFS.DiffIDs)
 	}
 
-	entries := map[string]*tar.Header{}
-	f, err := os.Open(blobPath(layout, manifest.Layers[0]))
-	must(t, err)
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		must(t, err)
-		entries[hdr.Name] = hdr
-	}
+	entries := tarEntries(t, blobPath(layout, manifest.Layers[0]))
 	tool, alias, sym := entries["bin/tool"], entries["bin/alias"], entries["bin/sym"]
 	if tool == nil || alias == nil || sym == nil || entries["bin/"] == nil {
 		t.Fatalf("missing entries: %v", entries)
@@ -71,21 +59,9 @@ func TestWriteLayout(t *testing.T) {
 
 	archive := filepath.Join(t.TempDir(), "image.tar")
 	must(t, writeArchive(layout, archive))
-	names := map[string]bool{}
-	af, err := os.Open(archive)
-	must(t, err)
-	defer af.Close()
-	ar := tar.NewReader(af)
-	for {
-		hdr, err := ar.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		must(t, err)
-		names[hdr.Name] = true
-	}
+	names := tarEntries(t, archive)
 	for _, want := range []string{"oci-layout", "index.json", "blobs/sha256/" + manifest.Layers[0].Digest.Encoded()} {
-		if !names[want] {
+		if names[want] == nil {
 			t.Errorf("archive lacks %s: %v", want, names)
 		}
 	}
@@ -126,6 +102,24 @@ func TestDebianMirror(t *testing.T) {
 				t.Fatalf("got %q, %v; want %q (error %v)", got, err, tc.want, tc.wantErr)
 			}
 		})
+	}
+}
+
+// tarEntries reads the headers of the tar at path by name.
+func tarEntries(t *testing.T, path string) map[string]*tar.Header {
+	t.Helper()
+	f, err := os.Open(path)
+	must(t, err)
+	defer f.Close()
+	entries := map[string]*tar.Header{}
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return entries
+		}
+		must(t, err)
+		entries[hdr.Name] = hdr
 	}
 }
 
