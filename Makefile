@@ -5,7 +5,7 @@
 #
 # Both need root: they install under /opt/cklite and run containers.
 
-GO        ?= /usr/local/go/bin/go
+GO        ?= $(firstword $(wildcard /usr/local/go/bin/go) $(shell command -v go))
 export PATH := $(dir $(GO)):$(PATH)
 export GOTOOLCHAIN := local
 export GOFLAGS := -buildvcs=false

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 
 	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/integration/workload"
 )
 
 // TestBaselineCheckpointRestore runs the stock checkpoint flows of ctr, nerdctl and the Go client
@@ -27,8 +28,8 @@ func TestBaselineCheckpointRestore(t *testing.T) {
 
 	t.Run("ctr tasks checkpoint, Go client restore", func(t *testing.T) {
 		const id = "ctr-task"
-		ctrRun(t, d, "-d", "--runtime", "io.containerd.runc.v2", busybox.Name, id, "sh", "-c", counterScript)
-		c := counter{d.RootfsPath(id)}
+		ctrRun(t, d, "-d", "--runtime", "io.containerd.runc.v2", busybox.Name, id, "sh", "-c", workload.CounterScript)
+		c := newCounter(d.RootfsPath(id))
 		at := c.advance(t, 3)
 
 		start := time.Now()
@@ -60,8 +61,8 @@ func TestBaselineCheckpointRestore(t *testing.T) {
 
 	t.Run("ctr containers checkpoint --task --rw, restore --live --rw", func(t *testing.T) {
 		const id, ref = "ctr-container", "checkpoint/ctr-container:1"
-		ctrRun(t, d, "-d", "--runtime", "io.containerd.runc.v2", busybox.Name, id, "sh", "-c", counterScript)
-		c := counter{d.RootfsPath(id)}
+		ctrRun(t, d, "-d", "--runtime", "io.containerd.runc.v2", busybox.Name, id, "sh", "-c", workload.CounterScript)
+		c := newCounter(d.RootfsPath(id))
 		at := c.advance(t, 3)
 
 		start := time.Now()
@@ -69,7 +70,7 @@ func TestBaselineCheckpointRestore(t *testing.T) {
 		logTiming(t, "ctr containers checkpoint --task --rw", start)
 		// Past the checkpoint: count further and change the filesystem; a rw restore undoes both.
 		c.advance(t, 3)
-		if err := os.WriteFile(filepath.Join(c.rootfs, "after-checkpoint"), []byte("x"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(c.Rootfs, "after-checkpoint"), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		ctr(t, d, "tasks", "delete", "--force", id)
@@ -79,16 +80,16 @@ func TestBaselineCheckpointRestore(t *testing.T) {
 		ctr(t, d, "containers", "restore", "--live", "--rw", id, ref)
 		logTiming(t, "ctr containers restore --live --rw", start)
 		c.expectRestored(t, at)
-		if _, err := os.Stat(filepath.Join(c.rootfs, "after-checkpoint")); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(c.Rootfs, "after-checkpoint")); !os.IsNotExist(err) {
 			t.Fatalf("a file written after the checkpoint survived the rw restore (stat: %v)", err)
 		}
 	})
 
 	t.Run("nerdctl checkpoint create, nerdctl start --checkpoint", func(t *testing.T) {
 		const name, ckpt = "nerdctl-ckpt", "ck1"
-		nerdctl(t, d, "run", "-d", "--name", name, "--net", "none", busyboxRef, "sh", "-c", counterScript)
+		nerdctl(t, d, "run", "-d", "--name", name, "--net", "none", busyboxRef, "sh", "-c", workload.CounterScript)
 		id := strings.TrimSpace(nerdctl(t, d, "inspect", "-f", "{{.ID}}", name))
-		c := counter{d.RootfsPath(id)}
+		c := newCounter(d.RootfsPath(id))
 		at := c.advance(t, 3)
 
 		start := time.Now()

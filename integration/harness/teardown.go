@@ -117,17 +117,17 @@ func removeAll(ctx context.Context, c *client.Client, since time.Time) error {
 func removeContainer(ctx context.Context, ctr client.Container) error {
 	task, err := ctr.Task(ctx, nil)
 	if err == nil {
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if exitC, err := task.Wait(ctx); err == nil {
-			if err := task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
-				return err
-			}
+		// A task that never started (a failed restore) sends no exit: wait a bounded time,
+		// then let Delete kill whatever is left.
+		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		exitC, werr := task.Wait(waitCtx)
+		if err := task.Kill(waitCtx, syscall.SIGKILL, client.WithKillAll); err == nil && werr == nil {
 			select {
 			case <-exitC:
-			case <-ctx.Done():
+			case <-waitCtx.Done():
 			}
 		}
+		cancel()
 		if _, err := task.Delete(ctx, client.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
@@ -167,28 +167,22 @@ func removeCtrFIFOs(ids map[string]bool, since time.Time) {
 	}
 }
 
-// teardown makes sure nothing of a daemon outlives it: shims still connected to its address and
-// every process below them, the cgroups those used and the namespace's cgroup parents, and every
-// mount below dir. It is the last step of Close and what sweepStale does for killed runs.
+// teardown makes sure nothing of a daemon outlives it: shims still connected to its address, every
+// process in its namespace's cgroups (/<namespace>/... in each hierarchy, where containerd puts
+// its containers) and those cgroups, every mount below dir, and runc's state for the namespace.
+// It is the last step of Close and what sweepStale does for killed runs.
 func teardown(dir, address, namespace string) error {
 	var errs []error
-	cgroups := map[string]bool{}
 	if address != "" {
 		for _, shim := range shimsOf(address) {
-			for _, pid := range append(descendants(shim), shim) {
-				for _, cg := range cgroupsOf(pid) {
-					cgroups[cg] = true
-				}
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
+			_ = syscall.Kill(shim, syscall.SIGKILL)
 		}
 	}
 	if namespace != "" {
 		for _, mnt := range cgroupMounts() {
-			cgroups[filepath.Join(mnt, namespace)] = true
+			errs = append(errs, removeCgroupTree(filepath.Join(mnt, namespace)))
 		}
 	}
-	errs = append(errs, removeCgroups(cgroups))
 	errs = append(errs, unmountBelow(dir))
 	if namespace != "" {
 		// The runc shim keeps runc's state under a fixed root whatever containerd's state is.
@@ -213,54 +207,37 @@ func shimsOf(address string) []int {
 	return pids
 }
 
-// descendants lists every process below pid, deepest last.
-func descendants(pid int) []int {
-	children := map[int][]int{}
-	for _, p := range allPids() {
-		if pp, err := ppid(p); err == nil {
-			children[pp] = append(children[pp], p)
+// removeCgroupTree kills every process in the cgroup at root and below (thawing frozen ones, which
+// cannot die otherwise) and removes the cgroups, deepest first.
+func removeCgroupTree(root string) error {
+	var dirs []string
+	_ = filepath.WalkDir(root, func(p string, e os.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			dirs = append(dirs, p)
 		}
-	}
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			out = append(out, c)
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
-
-// removeCgroups removes the given cgroup directories with everything below them, deepest first,
-// waiting briefly for killed processes to leave them.
-func removeCgroups(dirs map[string]bool) error {
-	var all []string
-	for d := range dirs {
-		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				all = append(all, p)
+		return nil
+	})
+	for _, d := range dirs {
+		_ = os.WriteFile(filepath.Join(d, "freezer.state"), []byte("THAWED"), 0o644)
+		_ = os.WriteFile(filepath.Join(d, "cgroup.freeze"), []byte("0"), 0o644)
+		forEachLine(filepath.Join(d, "cgroup.procs"), func(fields []string) {
+			if pid, err := strconv.Atoi(fields[0]); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
-			return nil
 		})
 	}
-	sort.Slice(all, func(i, j int) bool { return len(all[i]) > len(all[j]) })
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
 	var errs []error
-	for _, d := range all {
+	for _, d := range dirs {
 		var err error
-		for range 50 {
-			if err = unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
-				err = nil
-				break
-			}
-			if !errors.Is(err, unix.EBUSY) {
+		for range 100 {
+			// A cgroup is busy until its killed processes are fully gone.
+			if err = unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) || !errors.Is(err, unix.EBUSY) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", d, err))
 		}
 	}
@@ -310,42 +287,6 @@ func cgroupMounts() []string {
 	return out
 }
 
-// cgroupsOf returns the directories of the cgroups pid belongs to, below the root cgroup.
-func cgroupsOf(pid int) []string {
-	mounts := map[string]string{} // controller list (or "" for v2) -> mount point
-	forEachLine("/proc/self/mountinfo", func(fields []string) {
-		for i, f := range fields {
-			if f != "-" || i+3 >= len(fields) {
-				continue
-			}
-			switch fields[i+1] {
-			case "cgroup2":
-				mounts[""] = unescapeOctal(fields[4])
-			case "cgroup":
-				for _, opt := range strings.Split(fields[i+3], ",") {
-					if opt == "rw" || opt == "ro" || strings.HasPrefix(opt, "relatime") {
-						continue
-					}
-					mounts[opt] = unescapeOctal(fields[4])
-				}
-			}
-		}
-	})
-	var out []string
-	forEachLine(fmt.Sprintf("/proc/%d/cgroup", pid), func(fields []string) {
-		parts := strings.SplitN(strings.Join(fields, " "), ":", 3)
-		if len(parts) != 3 || parts[2] == "/" {
-			return
-		}
-		for _, ctrl := range strings.Split(parts[1], ",") {
-			if mnt, ok := mounts[ctrl]; ok {
-				out = append(out, filepath.Join(mnt, parts[2]))
-			}
-		}
-	})
-	return out
-}
-
 func allPids() []int {
 	entries, _ := os.ReadDir("/proc")
 	var pids []int
@@ -366,7 +307,7 @@ func cmdline(pid int) []string {
 }
 
 // statFields returns the fields of /proc/PID/stat after the command name (which may hold spaces):
-// index 0 is the state, 1 the parent pid, 19 the start time.
+// index 0 is the state, 19 the start time.
 func statFields(pid int) ([]string, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -382,14 +323,6 @@ func statFields(pid int) ([]string, error) {
 		return nil, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
 	return f, nil
-}
-
-func ppid(pid int) (int, error) {
-	f, err := statFields(pid)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(f[1])
 }
 
 // procStartTime identifies a process beyond its pid, which the kernel reuses.

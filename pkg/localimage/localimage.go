@@ -58,18 +58,18 @@ var (
 )
 
 // Busybox returns the busybox image (a static busybox with its applet links), building it first
-// when the cache does not hold it.
-func Busybox(ctx context.Context, cacheDir string, log io.Writer) (Image, error) {
-	return get(ctx, cacheDir, busybox, log)
+// when the cache does not hold it; progress gets a line when a build starts.
+func Busybox(ctx context.Context, cacheDir string, progress io.Writer) (Image, error) {
+	return get(ctx, cacheDir, busybox, progress)
 }
 
 // Sandbox returns the agent sandbox image (Debian bookworm minbase with python3), building it
 // first when the cache does not hold it. The first build runs debootstrap and takes a minute or two.
-func Sandbox(ctx context.Context, cacheDir string, log io.Writer) (Image, error) {
-	return get(ctx, cacheDir, sandbox, log)
+func Sandbox(ctx context.Context, cacheDir string, progress io.Writer) (Image, error) {
+	return get(ctx, cacheDir, sandbox, progress)
 }
 
-func get(ctx context.Context, cacheDir string, r recipe, log io.Writer) (Image, error) {
+func get(ctx context.Context, cacheDir string, r recipe, progress io.Writer) (Image, error) {
 	dir := filepath.Join(cacheDir, r.key)
 	img := Image{Name: r.name, Layout: filepath.Join(dir, "layout"), Archive: filepath.Join(dir, "image.tar")}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -85,7 +85,13 @@ func get(ctx context.Context, cacheDir string, r recipe, log io.Writer) (Image, 
 	if _, err := os.Stat(img.Archive); err == nil {
 		return img, nil
 	}
-	fmt.Fprintf(log, "localimage: building %s in %s\n", r.name, dir)
+	buildLog := filepath.Join(dir, "build.log")
+	logf, err := os.Create(buildLog)
+	if err != nil {
+		return Image{}, err
+	}
+	defer logf.Close()
+	fmt.Fprintf(progress, "localimage: building %s (log: %s)\n", r.name, buildLog)
 	work := filepath.Join(dir, "work")
 	rootfs := filepath.Join(work, "rootfs")
 	for _, p := range []string{work, img.Layout} {
@@ -97,8 +103,8 @@ func get(ctx context.Context, cacheDir string, r recipe, log io.Writer) (Image, 
 		return Image{}, err
 	}
 	defer os.RemoveAll(work)
-	if err := r.build(ctx, rootfs, work, log); err != nil {
-		return Image{}, fmt.Errorf("building %s: %w", r.name, err)
+	if err := r.build(ctx, rootfs, work, logf); err != nil {
+		return Image{}, fmt.Errorf("building %s: %w (log: %s)", r.name, err, buildLog)
 	}
 	if err := writeLayout(rootfs, img.Layout, r.name, r.config); err != nil {
 		return Image{}, fmt.Errorf("building %s: %w", r.name, err)
