@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build demo test test-unit test-integration vet clean
+.PHONY: all deps build demo test test-unit test-integration vet ctrd-suite clean
 
 all: build
 
@@ -45,6 +45,15 @@ test-unit:
 
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
+
+## ctrd-suite: containerd's own integration/client suite against RUNTIME and SNAPSHOTTER, with the
+## installed stack and bin/ on PATH (a development tool from ../shared; `make test` does not use it)
+RUNTIME     ?= io.containerd.runc.v2
+SNAPSHOTTER ?= overlayfs
+SUITE       ?= $(CURDIR)/../shared/tools/containerd-client-suite.sh
+ctrd-suite: deps build
+	@test -x $(SUITE) || { echo "$(SUITE) not found: this target needs the developers' shared tools"; exit 2; }
+	CTRD_BIN=/opt/cklite/bin CTRD_EXTRA_PATH=$(BIN) $(SUITE) $(RUNTIME) $(SNAPSHOTTER) $(RUN)
 
 clean:
 	rm -rf $(BIN)
