@@ -36,7 +36,7 @@ func TestLocalImages(t *testing.T) {
 // python3, and runs python in it after a push to and pull from the local registry.
 func TestSandboxImage(t *testing.T) {
 	ctx := context.Background()
-	img, err := localimage.Sandbox(ctx, localimage.DefaultCacheDir, os.Stderr)
+	img, err := localimage.Sandbox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func setup(ctx context.Context) error {
 	if _, err := stack.CheckCRIU(ctx); err != nil {
 		return err
 	}
-	if busybox, err = localimage.Busybox(ctx, localimage.DefaultCacheDir, os.Stderr); err != nil {
+	if busybox, err = localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr); err != nil {
 		return err
 	}
 	if registry, err = harness.StartRegistry(stack, ""); err != nil {

@@ -46,7 +46,7 @@ func run(ctx context.Context) (retErr error) {
 	if err != nil {
 		return err
 	}
-	img, err := localimage.Busybox(ctx, localimage.DefaultCacheDir, os.Stderr)
+	img, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
 		return err
 	}

@@ -32,7 +32,7 @@ func loadStack(t *testing.T) *Stack {
 func runBusybox(t *testing.T, s *Stack) (*Daemon, string) {
 	t.Helper()
 	ctx := context.Background()
-	img, err := localimage.Busybox(ctx, localimage.DefaultCacheDir, os.Stderr)
+	img, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}

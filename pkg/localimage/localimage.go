@@ -19,8 +19,14 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// DefaultCacheDir is where built images are kept between runs.
-const DefaultCacheDir = "/var/cache/cklite/images"
+// CacheDir is where built images are kept between runs: images/ under $CKLITE_CACHE, the cache
+// directory contrib/install.sh uses too (default /var/cache/cklite).
+func CacheDir() string {
+	if dir := os.Getenv("CKLITE_CACHE"); dir != "" {
+		return filepath.Join(dir, "images")
+	}
+	return "/var/cache/cklite/images"
+}
 
 // Image is a locally built image.
 type Image struct {
