@@ -98,6 +98,10 @@ func Start(ctx context.Context, stack *Stack, cfg Config) (_ *Daemon, retErr err
 		}
 	}
 	if err := claimSocket(d.Address); err != nil {
+		// Nothing started, and tearing down by this address would hit the process serving it.
+		if d.ownDir {
+			_ = os.RemoveAll(d.Dir)
+		}
 		return nil, err
 	}
 	if err := writeOwner(d.Dir, d.Address, d.Namespace); err != nil {

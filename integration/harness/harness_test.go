@@ -125,9 +125,13 @@ func TestSocketTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
+	before, _ := os.ReadDir(DefaultBaseDir)
 	_, err = Start(context.Background(), s, Config{Address: sock})
 	if err == nil || !strings.Contains(err.Error(), "already served by another process") {
 		t.Fatalf("Start on a served socket: err = %v", err)
+	}
+	if after, _ := os.ReadDir(DefaultBaseDir); len(after) > len(before) {
+		t.Errorf("the failed Start left a directory in %s: %v", DefaultBaseDir, after)
 	}
 }
 
