@@ -1,0 +1,29 @@
+// containerd-shim-cklite-v2 is cklite's containerd runtime v2 shim (io.containerd.cklite.v2).
+// The same binary is the container init: libcontainer re-executes it as "init".
+package main
+
+import (
+	"context"
+	"os"
+
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/opencontainers/runc/libcontainer"
+	_ "github.com/opencontainers/runc/libcontainer/nsenter" // nsexec runs before Go in "init"
+
+	cklite "github.com/cklite/cklite/shim"
+)
+
+func init() {
+	// The container init must not run the shim's setup: it is libcontainer's, from here on.
+	if len(os.Args) > 1 && os.Args[1] == "init" {
+		libcontainer.Init()
+	}
+}
+
+func main() {
+	cklite.Register()
+	shim.RunShim(context.Background(), cklite.NewManager(), func(c *shim.Config) {
+		// libcontainer waits on its own children; a wait4(-1) reaper would steal their exits.
+		c.NoReaper = true
+	})
+}

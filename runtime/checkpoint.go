@@ -1,0 +1,72 @@
+package runtime
+
+import (
+	"fmt"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runc/libcontainer"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// CheckpointOpts are containerd's checkpoint options in engine terms.
+type CheckpointOpts struct {
+	ImagePath           string
+	WorkPath            string
+	Exit                bool
+	OpenTCP             bool
+	ExternalUnixSockets bool
+	Terminal            bool
+	FileLocks           bool
+	EmptyNamespaces     []string
+	CgroupsMode         string
+}
+
+// criu builds libcontainer's CriuOpts the way runc's checkpoint/restore commands do.
+func (o CheckpointOpts) criu() (*libcontainer.CriuOpts, error) {
+	if o.ImagePath == "" {
+		return nil, fmt.Errorf("checkpoint image path is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	// runc never checkpoints network devices, so the network namespace is always "empty":
+	// the restored container gets a fresh one. Only the network namespace may be named.
+	ns := uint32(unix.CLONE_NEWNET)
+	for _, n := range o.EmptyNamespaces {
+		if specs.LinuxNamespaceType(n) != specs.NetworkNamespace {
+			return nil, fmt.Errorf("empty namespace %q is not supported: %w", n, errdefs.ErrInvalidArgument)
+		}
+	}
+	return &libcontainer.CriuOpts{
+		ImagesDirectory:         o.ImagePath,
+		WorkDirectory:           o.WorkPath,
+		LeaveRunning:            !o.Exit,
+		TcpEstablished:          o.OpenTCP,
+		ExternalUnixConnections: o.ExternalUnixSockets,
+		ShellJob:                o.Terminal,
+		FileLocks:               o.FileLocks,
+		EmptyNs:                 ns,
+		ManageCgroupsMode:       o.CgroupsMode,
+		StatusFd:                -1,
+	}, nil
+}
+
+// Checkpoint dumps the container with CRIU into o.ImagePath. Without LeaveRunning CRIU kills
+// the container's processes after the dump (init exits with SIGKILL).
+func (c *Container) Checkpoint(o CheckpointOpts) error {
+	opts, err := o.criu()
+	if err != nil {
+		return err
+	}
+	return wrap("checkpoint", c.lc.Checkpoint(opts))
+}
+
+// Restore restores the container from o.ImagePath as p (the new init, whose stdio replaces the
+// checkpointed pipes). The container's rootfs must already be mounted.
+func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
+	opts, err := o.criu()
+	if err != nil {
+		return err
+	}
+	opts.LeaveRunning = false
+	p.Init = true
+	return wrap("restore", c.lc.Restore(p, opts))
+}

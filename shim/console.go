@@ -1,0 +1,128 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/containerd/console"
+	"github.com/containerd/fifo"
+	"github.com/opencontainers/runc/libcontainer/utils"
+)
+
+// consoleSocket is the socket pair over which libcontainer's init sends the pty master
+// (libcontainer.Process.ConsoleSocket is the child end).
+type consoleSocket struct {
+	parent, child *os.File
+}
+
+func newConsoleSocket() (*consoleSocket, error) {
+	parent, child, err := utils.NewSockPair("console")
+	if err != nil {
+		return nil, fmt.Errorf("create console socket: %w", err)
+	}
+	return &consoleSocket{parent: parent, child: child}, nil
+}
+
+// receive returns the pty master the process sent.
+func (c *consoleSocket) receive() (console.Console, error) {
+	c.child.Close() // a dead process then gives EOF instead of a hang
+	f, err := utils.RecvFile(c.parent)
+	if err != nil {
+		return nil, fmt.Errorf("receive console master: %w", err)
+	}
+	con, err := console.ConsoleFromFile(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("console from master fd: %w", err)
+	}
+	return con, nil
+}
+
+func (c *consoleSocket) Close() error {
+	return closeAll(c.parent, c.child)
+}
+
+// epoller multiplexes every console of the shim, so a console read ends (EOF) when its process
+// exits even if something in the container still holds the pty slave.
+var (
+	epollerOnce sync.Once
+	epoller     *console.Epoller
+	epollerErr  error
+)
+
+func sharedEpoller() (*console.Epoller, error) {
+	epollerOnce.Do(func() {
+		epoller, epollerErr = console.NewEpoller()
+		if epollerErr == nil {
+			go epoller.Wait()
+		}
+	})
+	return epoller, epollerErr
+}
+
+// attachConsole copies stdin into the console and the console into stdout (a FIFO, a file, or
+// the logging binary's pipe). It returns the console used for resize and shutdown.
+func (p *processIO) attachConsole(ctx context.Context, master console.Console) (*console.EpollConsole, error) {
+	ep, err := sharedEpoller()
+	if err != nil {
+		return nil, fmt.Errorf("console epoller: %w", err)
+	}
+	ec, err := ep.Add(master)
+	if err != nil {
+		return nil, fmt.Errorf("add console to epoller: %w", err)
+	}
+	if p.stdio.Stdin != "" {
+		in, err := fifo.OpenFifo(context.Background(), p.stdio.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open stdin fifo %s: %w", p.stdio.Stdin, err)
+		}
+		p.closers = append(p.closers, in)
+		go func() {
+			buf := make([]byte, 4096)
+			_, _ = io.CopyBuffer(ec, in, buf)
+			// stdin closed: hang up the console like a terminal would.
+			_ = ec.Shutdown(ep.CloseConsole)
+			in.Close()
+		}()
+		if err := p.keepStdin(); err != nil {
+			return nil, err
+		}
+	}
+	var out io.WriteCloser
+	switch {
+	case p.logger != nil:
+		out = p.logger.outW
+	case p.stdio.Stdout != "":
+		t, err := parseIOTarget(p.stdio.Stdout)
+		if err != nil {
+			return nil, err
+		}
+		outs, err := openSinks(ctx, t, stdio{Stdout: p.stdio.Stdout})
+		if err != nil {
+			return nil, err
+		}
+		out = outs[0]
+		if t.scheme == "file" {
+			out.Close() // the shared writer expects two users; only stdout uses it here
+		}
+	}
+	if out != nil {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			copyAndClose(ctx, out, io.NopCloser(ec))
+		}()
+	}
+	return ec, nil
+}
+
+// shutdownConsole makes pending console reads return, at process exit.
+func shutdownConsole(ec *console.EpollConsole) {
+	if ep, err := sharedEpoller(); err == nil && ec != nil {
+		_ = ec.Shutdown(ep.CloseConsole)
+	}
+}

@@ -1,0 +1,283 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/opencontainers/runc/libcontainer"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cklite/cklite/runtime"
+)
+
+// container is one task: its engine container, rootfs mounts, init and execs.
+type container struct {
+	id, bundle string
+	rootfs     string // <bundle>/rootfs when the shim mounted it, unmounted on delete
+	opts       *options.Options
+	engine     *runtime.Container
+	init       *process
+	checkpoint string // image directory to restore from at Start, if created from a checkpoint
+	sharedPid  bool   // no private PID namespace: init's exit does not take the others along
+	cgroup     *runtime.Cgroup
+
+	mu           sync.Mutex
+	execs        map[string]*process
+	runningExecs int
+	initExited   bool
+	execsDone    *sync.Cond // signalled when runningExecs drops
+}
+
+// newContainer mounts the rootfs, converts the spec and creates the container with its init
+// waiting on libcontainer's exec fifo (or, with a checkpoint, ready to be restored at Start).
+// Nothing is left behind on failure: no mount, no cgroup, no state, no process.
+func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *container, retErr error) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := decodeOptions(r.Options)
+	if err != nil {
+		return nil, err
+	}
+	if opts.CriuImagePath != "" && r.Checkpoint == "" {
+		r.Checkpoint = opts.CriuImagePath
+	}
+	spec, err := runtime.LoadSpec(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeOptions(r.Bundle, opts); err != nil {
+		return nil, fmt.Errorf("record options in bundle: %w", err)
+	}
+	c := &container{
+		id:         r.ID,
+		bundle:     r.Bundle,
+		opts:       opts,
+		checkpoint: r.Checkpoint,
+		sharedPid:  !privatePidNS(spec),
+		execs:      make(map[string]*process),
+		init: newProcess(r.ID, true, stdio{
+			Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal,
+		}),
+	}
+	c.execsDone = sync.NewCond(&c.mu)
+
+	// libcontainer and mount helpers fork: keep the orphan reaper off their children.
+	release := s.reaper.hold()
+	defer release()
+	if err := c.mountRootfs(r); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			c.unmountRootfs(ctx)
+		}
+	}()
+	cfg, err := runtime.NewConfig(r.Bundle, spec, runtime.ConfigOptions{
+		ID: r.ID, NoPivotRoot: opts.NoPivotRoot, NoNewKeyring: opts.NoNewKeyring,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c.engine, err = runtime.Create(stateRoot(opts, ns), r.ID, cfg); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			if err := c.engine.Destroy(); err != nil {
+				log.G(ctx).WithError(err).Warn("destroy half-created container")
+			}
+		}
+	}()
+	c.init.spec = spec.Process
+	if c.checkpoint != "" {
+		return c, nil
+	}
+	if err := s.startInit(ctx, c, c.engine.Start, statusCreated); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func privatePidNS(spec *specs.Spec) bool {
+	for _, n := range spec.Linux.Namespaces {
+		if n.Type == specs.PIDNamespace {
+			return n.Path == ""
+		}
+	}
+	return false
+}
+
+// mountRootfs mounts the request's rootfs mounts at <bundle>/rootfs, like runc-v2.
+func (c *container) mountRootfs(r *taskAPI.CreateTaskRequest) error {
+	if len(r.Rootfs) == 0 {
+		return nil
+	}
+	rootfs := filepath.Join(r.Bundle, "rootfs")
+	if err := os.Mkdir(rootfs, 0o711); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("create rootfs mountpoint: %w", err)
+	}
+	var mounts []mount.Mount
+	for _, m := range r.Rootfs {
+		mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
+	}
+	if err := mount.All(mounts, rootfs); err != nil {
+		_ = mount.UnmountMounts(mounts, rootfs, 0)
+		return fmt.Errorf("mount rootfs at %s: %w", rootfs, err)
+	}
+	c.rootfs = rootfs
+	return nil
+}
+
+func (c *container) unmountRootfs(ctx context.Context) error {
+	if c.rootfs == "" {
+		return nil
+	}
+	if err := mount.UnmountRecursive(c.rootfs, 0); err != nil {
+		log.G(ctx).WithError(err).WithField("rootfs", c.rootfs).Warn("unmount rootfs")
+		return fmt.Errorf("unmount rootfs %s: %w", c.rootfs, err)
+	}
+	return nil
+}
+
+// startInit starts (create) or restores the init process through run, wiring its stdio.
+// The caller holds the reaper.
+func (s *service) startInit(ctx context.Context, c *container, run func(*libcontainer.Process) error, st status) error {
+	lp, err := runtime.NewProcess(c.init.spec)
+	if err != nil {
+		return err
+	}
+	return s.launch(ctx, c, c.init, lp, run, st)
+}
+
+// launch runs lp through run with the process's stdio, and records the process in state st.
+// The caller holds the reaper: the new pid is owned before the reaper may run again.
+func (s *service) launch(ctx context.Context, c *container, p *process, lp *libcontainer.Process, run func(*libcontainer.Process) error, st status) (retErr error) {
+	pio, err := newProcessIO(ctx, c.id, p.stdio, int(c.opts.IoUid), int(c.opts.IoGid), s.reaper)
+	if err != nil {
+		return fmt.Errorf("create process stdio: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			pio.Close()
+		}
+	}()
+	// A nil *os.File in an io.Reader/io.Writer would not read as "no stream" to exec.Cmd.
+	if pio.childIn != nil {
+		lp.Stdin = pio.childIn
+	}
+	if pio.childOut != nil {
+		lp.Stdout = pio.childOut
+	}
+	if pio.childErr != nil {
+		lp.Stderr = pio.childErr
+	}
+	var cs *consoleSocket
+	if p.stdio.Terminal {
+		if cs, err = newConsoleSocket(); err != nil {
+			return err
+		}
+		defer cs.Close()
+		lp.ConsoleSocket = cs.child
+	}
+	if err := run(lp); err != nil {
+		return err
+	}
+	pid, err := lp.Pid()
+	if err != nil {
+		return fmt.Errorf("pid of started process: %w", err)
+	}
+	s.reaper.own(pid)
+	pio.started()
+	p.mu.Lock()
+	p.io = pio
+	p.mu.Unlock()
+	if cs != nil {
+		master, err := cs.receive()
+		if err != nil {
+			return s.abort(p, lp, pid, err)
+		}
+		ec, err := pio.attachConsole(ctx, master)
+		if err != nil {
+			master.Close()
+			return s.abort(p, lp, pid, err)
+		}
+		p.mu.Lock()
+		p.console = ec
+		p.mu.Unlock()
+	}
+	p.started(lp, pid, st)
+	return nil
+}
+
+// abort kills and reaps a process whose stdio could not be wired.
+func (s *service) abort(p *process, lp *libcontainer.Process, pid int, cause error) error {
+	_ = lp.Signal(os.Kill)
+	_, _ = lp.Wait()
+	s.reaper.disown(pid)
+	p.mu.Lock()
+	p.io = nil
+	p.mu.Unlock()
+	return cause
+}
+
+// newExec registers an exec process (it runs at Start, like runc-v2).
+func (c *container) newExec(r *taskAPI.ExecProcessRequest) (*process, error) {
+	if err := c.init.expect("exec in", statusCreated, statusRunning); err != nil {
+		return nil, err
+	}
+	var spec specs.Process
+	if r.Spec == nil {
+		return nil, fmt.Errorf("exec %s has no process spec: %w", r.ExecID, errdefs.ErrInvalidArgument)
+	}
+	if err := json.Unmarshal(r.Spec.Value, &spec); err != nil {
+		return nil, fmt.Errorf("exec %s: invalid process spec: %w: %w", r.ExecID, err, errdefs.ErrInvalidArgument)
+	}
+	spec.Terminal = r.Terminal
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.execs[r.ExecID]; ok || r.ExecID == "" {
+		return nil, fmt.Errorf("exec id %q: %w", r.ExecID, errdefs.ErrAlreadyExists)
+	}
+	p := newProcess(r.ExecID, false, stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
+	p.spec = &spec
+	c.execs[r.ExecID] = p
+	return p, nil
+}
+
+// process returns init for "" or the exec with that id.
+func (c *container) process(execID string) (*process, error) {
+	if execID == "" {
+		return c.init, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.execs[execID]
+	if !ok {
+		return nil, fmt.Errorf("process does not exist %s: %w", execID, errdefs.ErrNotFound)
+	}
+	return p, nil
+}
+
+func (c *container) execPids() map[int]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[int]string, len(c.execs))
+	for id, p := range c.execs {
+		if pid := p.getPid(); pid > 0 {
+			m[pid] = id
+		}
+	}
+	return m
+}

@@ -1,0 +1,184 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/console"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runc/libcontainer"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// status is a process's place in its lifecycle; the transitions are those of runc-v2's
+// init and exec state machines.
+type status int
+
+const (
+	statusCreated status = iota
+	statusRunning
+	statusPaused
+	statusStopped
+	statusDeleted
+)
+
+func (s status) String() string {
+	return [...]string{"created", "running", "paused", "stopped", "deleted"}[s]
+}
+
+func (s status) task() task.Status {
+	return [...]task.Status{task.Status_CREATED, task.Status_RUNNING, task.Status_PAUSED, task.Status_STOPPED, task.Status_STOPPED}[s]
+}
+
+// process is a container's init or one of its execs.
+type process struct {
+	id    string // the exec id, or the container id for init
+	init  bool
+	stdio stdio
+	spec  *specs.Process // exec only: what Start will run
+
+	// startMu orders a start's event before the exit of the process it started.
+	startMu sync.Mutex
+
+	mu         sync.Mutex
+	state      status
+	pid        int
+	lp         *libcontainer.Process
+	io         *processIO
+	console    *console.EpollConsole
+	exitStatus int
+	exitedAt   time.Time
+	waitBlock  chan struct{}
+}
+
+func newProcess(id string, init bool, s stdio) *process {
+	return &process{id: id, init: init, stdio: s, waitBlock: make(chan struct{})}
+}
+
+func (p *process) status() status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state
+}
+
+// expect fails with FailedPrecondition unless the process is in one of the given states.
+func (p *process) expect(op string, ok ...status) error {
+	st := p.status()
+	for _, s := range ok {
+		if st == s {
+			return nil
+		}
+	}
+	return fmt.Errorf("cannot %s a %s process: %w", op, st, errdefs.ErrFailedPrecondition)
+}
+
+func (p *process) setState(s status) {
+	p.mu.Lock()
+	p.state = s
+	p.mu.Unlock()
+}
+
+// started records a process libcontainer has started, created (init waiting on the exec
+// fifo) or running.
+func (p *process) started(lp *libcontainer.Process, pid int, st status) {
+	p.mu.Lock()
+	p.lp, p.pid, p.state = lp, pid, st
+	p.mu.Unlock()
+}
+
+func (p *process) getPid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid
+}
+
+// setExited records the exit and wakes every Wait.
+func (p *process) setExited(code int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state == statusStopped || p.state == statusDeleted {
+		return
+	}
+	p.state = statusStopped
+	p.exitStatus = code
+	p.exitedAt = time.Now()
+	shutdownConsole(p.console)
+	close(p.waitBlock)
+}
+
+func (p *process) exit() (int, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exitStatus, p.exitedAt
+}
+
+func (p *process) wait(ctx context.Context) error {
+	select {
+	case <-p.waitBlock:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// signal signals an exec process (init goes through the engine).
+func (p *process) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch p.state {
+	case statusCreated:
+		return fmt.Errorf("process not created: %w", errdefs.ErrFailedPrecondition)
+	case statusStopped, statusDeleted:
+		return fmt.Errorf("process already finished: %w", errdefs.ErrNotFound)
+	}
+	if err := unix.Kill(p.pid, sig); err != nil {
+		if err == unix.ESRCH {
+			return fmt.Errorf("process already finished: %w", errdefs.ErrNotFound)
+		}
+		return fmt.Errorf("signal %d: %w", p.pid, err)
+	}
+	return nil
+}
+
+func (p *process) resize(ws console.WinSize) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state == statusStopped || p.state == statusDeleted {
+		return fmt.Errorf("cannot resize a %s process: %w", p.state, errdefs.ErrFailedPrecondition)
+	}
+	if p.console == nil {
+		return nil
+	}
+	return p.console.Resize(ws)
+}
+
+func (p *process) closeStdin() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.io == nil {
+		return nil
+	}
+	return p.io.closeStdin()
+}
+
+// release drains and closes the process's stdio and console (Delete).
+func (p *process) release(drain time.Duration) error {
+	p.mu.Lock()
+	pio, con := p.io, p.console
+	p.io, p.console = nil, nil
+	p.mu.Unlock()
+	var err error
+	if pio != nil {
+		err = pio.drain(drain)
+		pio.Close()
+	}
+	if con != nil {
+		con.Close()
+	}
+	return err
+}

@@ -1,0 +1,545 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/console"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/runc/libcontainer"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cklite/cklite/runtime"
+)
+
+var (
+	_     = shim.TTRPCService(&service{})
+	empty = &ptypes.Empty{}
+)
+
+// ioDrainTimeout bounds how long Delete waits for a process's output to be copied out.
+const ioDrainTimeout = 10 * time.Second
+
+// service implements containerd's task API v3 for the containers of one shim.
+type service struct {
+	ctx      context.Context
+	events   *eventQueue
+	reaper   *reaper
+	shutdown shutdown.Service
+
+	mu         sync.Mutex
+	containers map[string]*container
+}
+
+func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (*service, error) {
+	s := &service{
+		ctx:        ctx,
+		events:     newEventQueue(ctx, publisher, sd),
+		reaper:     newReaper(),
+		shutdown:   sd,
+		containers: make(map[string]*container),
+	}
+	s.reaper.run(ctx)
+	if address, err := shim.ReadAddress("address"); err == nil {
+		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
+	}
+	return s, nil
+}
+
+// RegisterTTRPC registers the task service on the shim's ttrpc server.
+func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, s)
+	return nil
+}
+
+func (s *service) get(id string) (*container, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.containers[id]
+	if !ok {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "container %s not created", id)
+	}
+	return c, nil
+}
+
+func (s *service) getProcess(id, execID string) (*container, *process, error) {
+	c, err := s.get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := c.process(execID)
+	if err != nil {
+		return nil, nil, errgrpc.ToGRPC(err)
+	}
+	return c, p, nil
+}
+
+// Create a container and its init process (created, not started).
+func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	s.mu.Lock()
+	_, exists := s.containers[r.ID]
+	s.mu.Unlock()
+	if exists {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrAlreadyExists, "container %s already exists in this shim", r.ID)
+	}
+	c, err := s.newContainer(ctx, r)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.mu.Lock()
+	s.containers[r.ID] = c
+	s.mu.Unlock()
+
+	pid := c.init.getPid()
+	s.events.send(&eventstypes.TaskCreate{
+		ContainerID: r.ID,
+		Bundle:      r.Bundle,
+		Rootfs:      r.Rootfs,
+		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		Checkpoint:  r.Checkpoint,
+		Pid:         uint32(pid),
+	})
+	if pid > 0 {
+		s.watchInit(ctx, c)
+	}
+	return &taskAPI.CreateTaskResponse{Pid: uint32(pid)}, nil
+}
+
+// watchInit starts collecting the init's exit and watching for OOM kills, right after the init
+// exists (a process can be OOM-killed before Start).
+func (s *service) watchInit(ctx context.Context, c *container) {
+	if cg, err := runtime.LoadCgroup(c.init.getPid()); err == nil {
+		c.mu.Lock()
+		c.cgroup = cg
+		c.mu.Unlock()
+	} else {
+		log.G(ctx).WithError(err).Warn("load container cgroup for stats")
+	}
+	s.watchOOM(ctx, c)
+	go s.collect(c, c.init)
+}
+
+// Start the init (or restore it from a checkpoint) or an exec.
+func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if p.init {
+		err = s.startContainer(ctx, c)
+	} else {
+		err = s.startExec(ctx, c, p)
+	}
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &taskAPI.StartResponse{Pid: uint32(p.getPid())}, nil
+}
+
+func (s *service) startContainer(ctx context.Context, c *container) error {
+	p := c.init
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	if err := p.expect("start", statusCreated); err != nil {
+		return err
+	}
+	if c.checkpoint != "" {
+		if err := s.restore(ctx, c); err != nil {
+			return err
+		}
+	} else {
+		release := s.reaper.hold()
+		err := c.engine.Release()
+		release()
+		if err != nil {
+			return err
+		}
+		p.setState(statusRunning)
+	}
+	s.events.send(&eventstypes.TaskStart{ContainerID: c.id, Pid: uint32(p.getPid())})
+	return nil
+}
+
+// restore brings the init back from the checkpoint given at Create.
+func (s *service) restore(ctx context.Context, c *container) error {
+	release := s.reaper.hold()
+	defer release()
+	err := s.startInit(ctx, c, func(lp *libcontainer.Process) error {
+		return c.engine.Restore(lp, runtime.CheckpointOpts{
+			ImagePath: c.checkpoint,
+			WorkPath:  c.opts.CriuWorkPath,
+		})
+	}, statusRunning)
+	if err != nil {
+		return err
+	}
+	c.checkpoint = ""
+	s.watchInit(ctx, c)
+	return nil
+}
+
+func (s *service) startExec(ctx context.Context, c *container, p *process) error {
+	if err := p.expect("start", statusCreated); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.initExited {
+		c.mu.Unlock()
+		return fmt.Errorf("container %s init process is not running: %w", c.id, errdefs.ErrFailedPrecondition)
+	}
+	c.runningExecs++
+	c.mu.Unlock()
+	lp, err := runtime.NewProcess(p.spec)
+	if err == nil {
+		release := s.reaper.hold()
+		err = s.launch(ctx, c, p, lp, c.engine.Exec, statusRunning)
+		release()
+	}
+	if err != nil {
+		c.execExited()
+		return err
+	}
+	s.events.send(&eventstypes.TaskExecStarted{ContainerID: c.id, ExecID: p.id, Pid: uint32(p.getPid())})
+	go s.collect(c, p)
+	return nil
+}
+
+// Delete a stopped (or never started) process; deleting init deletes the container.
+func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.expect("delete", statusCreated, statusStopped); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	if p.init {
+		err = s.deleteContainer(ctx, c)
+	} else {
+		c.mu.Lock()
+		delete(c.execs, p.id)
+		c.mu.Unlock()
+		err = p.release(ioDrainTimeout)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", p.id).Warn("delete")
+	}
+	code, at := p.exit()
+	pid := p.getPid()
+	if p.init {
+		s.events.send(&eventstypes.TaskDelete{
+			ContainerID: c.id, Pid: uint32(pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
+		})
+	}
+	return &taskAPI.DeleteResponse{Pid: uint32(pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+// deleteContainer kills a created init, then removes everything the container holds.
+func (s *service) deleteContainer(ctx context.Context, c *container) error {
+	if c.init.status() == statusCreated && c.init.getPid() > 0 {
+		_ = c.engine.Signal(syscall.SIGKILL, false)
+		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = c.init.wait(waitCtx)
+		cancel()
+	}
+	c.mu.Lock()
+	execs := c.execs
+	c.execs = map[string]*process{}
+	c.mu.Unlock()
+	for _, e := range execs {
+		_ = e.release(0)
+	}
+	ioErr := c.init.release(ioDrainTimeout)
+	release := s.reaper.hold() // poststop hooks fork
+	err := c.engine.Destroy()
+	release()
+	c.init.setState(statusDeleted)
+	s.mu.Lock()
+	delete(s.containers, c.id)
+	s.mu.Unlock()
+	if uerr := c.unmountRootfs(ctx); err == nil {
+		err = uerr
+	}
+	if err == nil {
+		err = ioErr
+	}
+	return err
+}
+
+// Exec registers an additional process; it runs at Start.
+func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
+	c, err := s.get(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.newExec(r)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.events.send(&eventstypes.TaskExecAdded{ContainerID: c.id, ExecID: p.id})
+	return empty, nil
+}
+
+// ResizePty resizes a process's console.
+func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
+	_, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.resize(console.WinSize{Width: uint16(r.Width), Height: uint16(r.Height)}); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return empty, nil
+}
+
+// State of a process.
+func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	st := p.status()
+	if p.init && st == statusRunning && c.engine.Paused() {
+		st = statusPaused
+	}
+	code, at := p.exit()
+	return &taskAPI.StateResponse{
+		ID:         p.id,
+		Bundle:     c.bundle,
+		Pid:        uint32(p.getPid()),
+		Status:     st.task(),
+		Stdin:      p.stdio.Stdin,
+		Stdout:     p.stdio.Stdout,
+		Stderr:     p.stdio.Stderr,
+		Terminal:   p.stdio.Terminal,
+		ExitStatus: uint32(code),
+		ExitedAt:   protobuf.ToTimestamp(at),
+	}, nil
+}
+
+// Pause freezes the container.
+func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	return s.freeze(ctx, r.ID, true)
+}
+
+// Resume thaws the container.
+func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	return s.freeze(ctx, r.ID, false)
+}
+
+func (s *service) freeze(ctx context.Context, id string, pause bool) (*ptypes.Empty, error) {
+	c, err := s.get(id)
+	if err != nil {
+		return nil, err
+	}
+	from, to, op, do := statusRunning, statusPaused, "pause", c.engine.Pause
+	if !pause {
+		from, to, op, do = statusPaused, statusRunning, "resume", c.engine.Resume
+	}
+	if err := c.init.expect(op, from); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	if err := do(); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	c.init.setState(to)
+	if pause {
+		s.events.send(&eventstypes.TaskPaused{ContainerID: c.id})
+	} else {
+		s.events.send(&eventstypes.TaskResumed{ContainerID: c.id})
+	}
+	return empty, nil
+}
+
+// Kill signals a process, or with All every process of the container.
+func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	sig := syscall.Signal(r.Signal)
+	if !p.init {
+		err = p.signal(sig)
+	} else {
+		switch st := p.status(); {
+		case st == statusStopped || st == statusDeleted:
+			err = fmt.Errorf("process already finished: %w", errdefs.ErrNotFound)
+		case p.getPid() == 0:
+			err = fmt.Errorf("container %s has no process yet: %w", c.id, errdefs.ErrNotFound)
+		default:
+			err = c.engine.Signal(sig, r.All)
+		}
+	}
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return empty, nil
+}
+
+// Pids lists the container's processes, exec processes annotated with their exec id.
+func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+	c, err := s.get(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	pids, err := c.engine.Pids()
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	execs := c.execPids()
+	processes := make([]*task.ProcessInfo, 0, len(pids))
+	for _, pid := range pids {
+		info := &task.ProcessInfo{Pid: uint32(pid)}
+		if id, ok := execs[pid]; ok {
+			a, err := typeurl.MarshalAnyToProto(&options.ProcessDetails{ExecID: id})
+			if err != nil {
+				return nil, fmt.Errorf("marshal process %d info: %w", pid, err)
+			}
+			info.Info = a
+		}
+		processes = append(processes, info)
+	}
+	return &taskAPI.PidsResponse{Processes: processes}, nil
+}
+
+// CloseIO closes a process's stdin.
+func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptypes.Empty, error) {
+	_, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if r.Stdin {
+		if err := p.closeStdin(); err != nil {
+			return nil, errgrpc.ToGRPCf(errdefs.ErrUnknown, "close stdin: %v", err)
+		}
+	}
+	return empty, nil
+}
+
+// Checkpoint the container with CRIU.
+func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	c, err := s.get(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.init.expect("checkpoint", statusRunning, statusPaused); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	o, err := decodeCheckpointOptions(r.Options)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	path := o.ImagePath
+	if path == "" {
+		path = r.Path
+	}
+	release := s.reaper.hold() // CRIU is libcontainer's child
+	err = c.engine.Checkpoint(runtime.CheckpointOpts{
+		ImagePath:           path,
+		WorkPath:            o.WorkPath,
+		Exit:                o.Exit,
+		OpenTCP:             o.OpenTcp,
+		ExternalUnixSockets: o.ExternalUnixSockets,
+		Terminal:            o.Terminal,
+		FileLocks:           o.FileLocks,
+		EmptyNamespaces:     o.EmptyNamespaces,
+		CgroupsMode:         o.CgroupsMode,
+	})
+	release()
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.events.send(&eventstypes.TaskCheckpointed{ContainerID: c.id, Checkpoint: path})
+	return empty, nil
+}
+
+// Update the container's linux resources.
+func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
+	c, err := s.get(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.init.expect("update", statusCreated, statusRunning, statusPaused); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	var res specs.LinuxResources
+	if r.Resources == nil {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrInvalidArgument, "update without resources")
+	}
+	if err := json.Unmarshal(r.Resources.Value, &res); err != nil {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrInvalidArgument, "resources of type %s are not linux resources: %v", r.Resources.TypeUrl, err)
+	}
+	if err := c.engine.Update(res); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return empty, nil
+}
+
+// Wait for a process to exit.
+func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	_, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.wait(ctx); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	code, at := p.exit()
+	return &taskAPI.WaitResponse{ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+// Connect returns the shim's and the task's pids.
+func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	var pid int
+	if c, err := s.get(r.ID); err == nil {
+		pid = c.init.getPid()
+	}
+	return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: uint32(pid)}, nil
+}
+
+// Shutdown stops the shim once it serves no container.
+func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.containers) > 0 {
+		return empty, nil
+	}
+	s.shutdown.Shutdown()
+	return empty, nil
+}
+
+// Stats returns the container's cgroup metrics (cgroup1 or cgroup2 stats.Metrics).
+func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
+	c, err := s.get(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	cg := c.cgroup
+	c.mu.Unlock()
+	if cg == nil {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "cgroup does not exist")
+	}
+	m, err := cg.Metrics()
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &taskAPI.StatsResponse{Stats: typeurl.MarshalProto(m)}, nil
+}
