@@ -1,0 +1,36 @@
+package runtime
+
+import (
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestCriuOpts(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		in      CheckpointOpts
+		wantErr bool
+		check   func(*testing.T, CheckpointOpts)
+	}{
+		{name: "no image path", in: CheckpointOpts{}, wantErr: true},
+		{name: "bad empty namespace", in: CheckpointOpts{ImagePath: "/i", EmptyNamespaces: []string{"pid"}}, wantErr: true},
+		{name: "defaults", in: CheckpointOpts{ImagePath: "/i", Terminal: true, OpenTCP: true, CgroupsMode: "soft"}},
+		{name: "exit", in: CheckpointOpts{ImagePath: "/i", Exit: true, EmptyNamespaces: []string{"network"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := tc.in.criu()
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v", err)
+			}
+			if err != nil {
+				return
+			}
+			if o.ImagesDirectory != tc.in.ImagePath || o.LeaveRunning == tc.in.Exit || o.ShellJob != tc.in.Terminal ||
+				o.TcpEstablished != tc.in.OpenTCP || o.ManageCgroupsMode != tc.in.CgroupsMode || o.StatusFd != -1 ||
+				o.EmptyNs != unix.CLONE_NEWNET {
+				t.Fatalf("%+v", o)
+			}
+		})
+	}
+}
