@@ -68,5 +68,16 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 	}
 	opts.LeaveRunning = false
 	p.Init = true
-	return wrap("restore", c.lc.Restore(p, opts))
+	if err := c.lc.Restore(p, opts); err != nil {
+		return wrap("restore", err)
+	}
+	// libcontainer records the restored init's start time in its state file but not in the
+	// Container it restored through (runc reloads per command), which then believes init is
+	// gone and refuses signals. Reload it from the state, like the next runc command would.
+	lc, err := libcontainer.Load(c.root, c.lc.ID())
+	if err != nil {
+		return wrap("reload restored container", err)
+	}
+	c.lc = lc
+	return nil
 }

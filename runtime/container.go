@@ -18,7 +18,8 @@ import (
 // Container is one libcontainer container. Its methods translate libcontainer's errors into
 // containerd errdefs so the task service can hand them to containerd unchanged.
 type Container struct {
-	lc *libcontainer.Container
+	lc   *libcontainer.Container
+	root string
 }
 
 // Create creates the container's state under root (nothing runs yet). A cgroup that still holds
@@ -28,7 +29,7 @@ func Create(root, id string, cfg *configs.Config) (*Container, error) {
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("create container %s (cgroup %s)", id, cgroupPath(cfg)), err)
 	}
-	return &Container{lc: lc}, nil
+	return &Container{lc: lc, root: root}, nil
 }
 
 // Load opens an existing container's state (used by the shim's delete action).
@@ -37,7 +38,7 @@ func Load(root, id string) (*Container, error) {
 	if err != nil {
 		return nil, wrap("load container "+id, err)
 	}
-	return &Container{lc: lc}, nil
+	return &Container{lc: lc, root: root}, nil
 }
 
 func cgroupPath(cfg *configs.Config) string {
