@@ -192,7 +192,8 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	return shim.StopStatus{Pid: pid, ExitStatus: 128 + int(unix.SIGKILL), ExitedAt: stopped}, nil
 }
 
-// Info describes the runtime; there is no runc binary whose features could be listed.
+// Info describes the runtime: name, version, options and the engine's features (computed
+// in-process: there is no runc binary to ask).
 func (m manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
 	info := &types.RuntimeInfo{
 		Name:    m.Name(),
@@ -206,6 +207,9 @@ func (m manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 		if info.Options, err = typeurl.MarshalAnyToProto(opts); err != nil {
 			return nil, fmt.Errorf("marshal %T: %w", opts, err)
 		}
+	}
+	if info.Features, err = typeurl.MarshalAnyToProto(runtime.Features()); err != nil {
+		return nil, fmt.Errorf("marshal features: %w", err)
 	}
 	return info, nil
 }
