@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build demo test test-unit test-integration vet ctrd-suite clean
+.PHONY: all deps build install demo test test-unit test-integration vet ctrd-suite clean
 
 all: build
 
@@ -29,6 +29,19 @@ build:
 		echo "$(GO) build -tags '$(BUILDTAGS)' -o $(BIN)/ ./cmd/..."; \
 		CGO_ENABLED=1 $(GO) build -tags '$(BUILDTAGS)' -o $(BIN)/ ./cmd/...; \
 	fi
+
+## install: copy cklite's binaries next to containerd ($(CKLITE_PREFIX)/bin) and into $(INSTALL_BINDIR),
+## where a containerd started by a user finds the shim on PATH. Unchanged files are left alone.
+CKLITE_PREFIX  ?= /opt/cklite
+INSTALL_BINDIR ?= /usr/local/bin
+install: build
+	@for dir in $(CKLITE_PREFIX)/bin $(INSTALL_BINDIR); do \
+		for f in $(BIN)/*; do \
+			t=$$dir/$$(basename $$f); \
+			if cmp -s $$f $$t; then echo "up to date: $$t"; \
+			else install -D -m 0755 $$f $$t.tmp && mv -f $$t.tmp $$t && echo "installed: $$t"; fi; \
+		done; \
+	done
 
 ## demo: run a container on a private containerd, checkpoint and restore it, print timings
 demo: deps build
