@@ -68,7 +68,7 @@ func runDetached(t *testing.T, d *harness.Daemon, rt, name string, flags []strin
 		args = append(args, "--net", "none")
 	}
 	args = append(append(args, busybox.Name), cmd...)
-	return strings.TrimSpace(nerdctl(t, d, args...))
+	return strings.TrimSpace(mustNerdctl(t, d, args...))
 }
 
 func hasNetFlag(flags []string) bool {
@@ -86,15 +86,25 @@ type result struct {
 	code           int
 }
 
-// nerdctlResult runs nerdctl and returns how it ended; only a failure to run it at all is an error,
-// so callers can check non-zero exit codes.
+// cliTimeout bounds each nerdctl run of the shim tests: a shim that hangs fails the subtest
+// instead of the whole run.
+const cliTimeout = time.Minute
+
+// nerdctlResult runs nerdctl with stdin and returns how it ended; only failing to run it, or a
+// timeout, fails the test, so callers can check non-zero exit codes.
 func nerdctlResult(t *testing.T, d *harness.Daemon, stdin string, args ...string) result {
 	t.Helper()
-	cmd := d.Command(context.Background(), "nerdctl", args...)
+	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
+	defer cancel()
+	cmd := d.Command(ctx, "nerdctl", args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdin = strings.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("nerdctl %s: no exit after %s; stdout %q, stderr %q", strings.Join(args, " "), cliTimeout, stdout.String(), stderr.String())
+	}
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) {
 		t.Fatalf("nerdctl %s: %v", strings.Join(args, " "), err)
@@ -102,10 +112,20 @@ func nerdctlResult(t *testing.T, d *harness.Daemon, stdin string, args ...string
 	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()}
 }
 
+// mustNerdctl runs nerdctl and returns its standard output, failing the test unless it exits 0.
+func mustNerdctl(t *testing.T, d *harness.Daemon, args ...string) string {
+	t.Helper()
+	r := nerdctlResult(t, d, "", args...)
+	if r.code != 0 {
+		t.Fatalf("nerdctl %s: exit status %d: %s", strings.Join(args, " "), r.code, strings.TrimSpace(r.stderr))
+	}
+	return r.stdout
+}
+
 // inspect is `nerdctl inspect -f FORMAT name`, trimmed.
 func inspect(t *testing.T, d *harness.Daemon, name, format string) string {
 	t.Helper()
-	return strings.TrimSpace(nerdctl(t, d, "inspect", "-f", format, name))
+	return strings.TrimSpace(mustNerdctl(t, d, "inspect", "-f", format, name))
 }
 
 // eventually polls cond until it returns nil, failing the test with its last error after 30 s.
@@ -129,11 +149,11 @@ func waitForStatus(t *testing.T, d *harness.Daemon, name, status string) {
 	t.Helper()
 	eventually(t, name+" "+status, func() error {
 		// An error too may only mean the container is not there yet.
-		out, err := d.Nerdctl(context.Background(), "inspect", "-f", "{{.State.Status}}", name)
-		if got := strings.TrimSpace(out); err == nil && got != status {
-			err = fmt.Errorf("status %q", got)
+		r := nerdctlResult(t, d, "", "inspect", "-f", "{{.State.Status}}", name)
+		if got := strings.TrimSpace(r.stdout); r.code != 0 || got != status {
+			return fmt.Errorf("status %q, %s", got, strings.TrimSpace(r.stderr))
 		}
-		return err
+		return nil
 	})
 }
 

@@ -2,8 +2,12 @@ package integration
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -16,37 +20,63 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 
+	"github.com/cklite/cklite/integration/harness"
 	"github.com/cklite/cklite/integration/shimproc"
 	"github.com/cklite/cklite/integration/workload"
 )
 
 // The TestShim tests in this file use nerdctl the way a user does, against each runtime.
 
-// TestShimRunDetached is `nerdctl run -d` with nerdctl's default bridge network: the container
-// runs, its root filesystem is mounted where containerd expects the bundle's, and the network
-// nerdctl's OCI hook set up is inside the container's network namespace.
+// TestShimRunDetached is `nerdctl run -d` on a bridge network: the container runs, its root
+// filesystem is mounted where containerd expects the bundle's, and the network nerdctl's OCI
+// createRuntime hook set up is inside the container's network namespace.
 func TestShimRunDetached(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		d := shimDaemon(t)
-		id := runDetached(t, d, rt, "web", []string{"--net", "bridge"}, "sleep", "3600")
+		network := bridgeNetwork(t, d)
+		id := runDetached(t, d, rt, "web", []string{"--net", network}, "sleep", "3600")
 		waitForStatus(t, d, "web", "running")
 		if pid, _ := strconv.Atoi(inspect(t, d, "web", "{{.State.Pid}}")); pid <= 0 {
 			t.Fatalf("running container has pid %d", pid)
 		}
-		if out := nerdctl(t, d, "ps", "--format", "{{.Names}} {{.Status}}"); !strings.Contains(out, "web Up") {
+		if out := mustNerdctl(t, d, "ps", "--format", "{{.Names}} {{.Status}}"); !strings.Contains(out, "web Up") {
 			t.Fatalf("nerdctl ps does not list web as up:\n%s", out)
 		}
 		if _, err := os.Stat(filepath.Join(d.RootfsPath(id), "bin", "busybox")); err != nil {
 			t.Fatalf("the container's root filesystem is not mounted at the bundle's rootfs: %v", err)
 		}
-		ip := inspect(t, d, "web", "{{.NetworkSettings.IPAddress}}")
+		ip := inspect(t, d, "web", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
 		if ip == "" {
 			t.Fatal("nerdctl gave the container no IP address")
 		}
-		if out := nerdctl(t, d, "exec", "web", "ip", "-4", "addr", "show", "eth0"); !strings.Contains(out, ip+"/") {
+		if out := mustNerdctl(t, d, "exec", "web", "ip", "-4", "addr", "show", "eth0"); !strings.Contains(out, ip+"/") {
 			t.Fatalf("eth0 in the container does not have the address %s nerdctl reports:\n%s", ip, out)
 		}
 	})
+}
+
+// bridgeNetwork creates an internal bridge network for one test, and removes it with the host's
+// bridge device (which CNI leaves behind) when the test ends. nerdctl's default network would
+// not do: its subnet and bridge name are fixed, so it collides with other daemons' on the host.
+func bridgeNetwork(t *testing.T, d *harness.Daemon) string {
+	t.Helper()
+	name := "shimtest-" + d.Namespace
+	subnet := fmt.Sprintf("10.213.%d.0/24", rand.IntN(256))
+	mustNerdctl(t, d, "network", "create", "--internal", "--subnet", subnet, name)
+	t.Cleanup(func() {
+		// Containers first: CNI's DEL must run while the network exists.
+		if ids := strings.Fields(mustNerdctl(t, d, "ps", "-aq")); len(ids) > 0 {
+			mustNerdctl(t, d, append([]string{"rm", "-f"}, ids...)...)
+		}
+		mustNerdctl(t, d, "network", "rm", name)
+		// nerdctl names a network's bridge br-<the first 12 hex digits of sha256(name)>.
+		sum := sha256.Sum256([]byte(name))
+		bridge := "br-" + hex.EncodeToString(sum[:])[:12]
+		if out, err := exec.Command("ip", "link", "delete", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+			t.Errorf("removing the bridge %s: %v: %s", bridge, err, out)
+		}
+	})
+	return name
 }
 
 // TestShimExec is `nerdctl exec`: output, exit codes and stdin of exec'd processes.
@@ -54,7 +84,7 @@ func TestShimExec(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		d := shimDaemon(t)
 		runDetached(t, d, rt, "box", nil, "sleep", "3600")
-		if out := nerdctl(t, d, "exec", "box", "echo", "hello"); out != "hello\n" {
+		if out := mustNerdctl(t, d, "exec", "box", "echo", "hello"); out != "hello\n" {
 			t.Fatalf("exec echo hello printed %q", out)
 		}
 		r := nerdctlResult(t, d, "", "exec", "box", "sh", "-c", "exit 4")
@@ -70,7 +100,7 @@ func TestShimExec(t *testing.T) {
 			t.Fatalf("exec of a missing binary: exit %d, stderr %q", r.code, r.stderr)
 		}
 		// The exec'd processes are gone and the container is still fine.
-		if out := nerdctl(t, d, "exec", "box", "sh", "-c", "echo $$"); strings.TrimSpace(out) == "" {
+		if out := mustNerdctl(t, d, "exec", "box", "sh", "-c", "echo $$"); strings.TrimSpace(out) == "" {
 			t.Fatal("exec after the failed ones printed nothing")
 		}
 		waitForStatus(t, d, "box", "running")
@@ -82,7 +112,7 @@ func TestShimLogs(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		d := shimDaemon(t)
 		runDetached(t, d, rt, "talker", nil, "sh", "-c", "echo to-stdout; echo to-stderr >&2; echo more-stdout")
-		if code := strings.TrimSpace(nerdctl(t, d, "wait", "talker")); code != "0" {
+		if code := strings.TrimSpace(mustNerdctl(t, d, "wait", "talker")); code != "0" {
 			t.Fatalf("nerdctl wait printed %q, want 0", code)
 		}
 		r := nerdctlResult(t, d, "", "logs", "talker")
@@ -109,11 +139,11 @@ func TestShimStop(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				id := runDetached(t, d, rt, "stop-me", nil, "sh", "-c", tc.cmd)
 				waitForFile(t, d, id, "ready")
-				nerdctl(t, d, "stop", "-t", "1", "stop-me")
+				mustNerdctl(t, d, "stop", "-t", "1", "stop-me")
 				if code := inspect(t, d, "stop-me", "{{.State.ExitCode}}"); code != tc.code {
 					t.Fatalf("exit code after nerdctl stop: %s, want %s", code, tc.code)
 				}
-				nerdctl(t, d, "rm", "stop-me")
+				mustNerdctl(t, d, "rm", "stop-me")
 			})
 		}
 	})
@@ -126,10 +156,10 @@ func TestShimKill(t *testing.T) {
 		d := shimDaemon(t)
 		id := runDetached(t, d, rt, "target", nil, "sh", "-c", `trap "touch /got-usr1" USR1; touch /ready; while :; do sleep 0.1; done`)
 		waitForFile(t, d, id, "ready")
-		nerdctl(t, d, "kill", "-s", "USR1", "target")
+		mustNerdctl(t, d, "kill", "-s", "USR1", "target")
 		waitForFile(t, d, id, "got-usr1")
 		waitForStatus(t, d, "target", "running")
-		nerdctl(t, d, "kill", "target")
+		mustNerdctl(t, d, "kill", "target")
 		waitForStatus(t, d, "target", "exited")
 		if code := inspect(t, d, "target", "{{.State.ExitCode}}"); code != "137" {
 			t.Fatalf("exit code after nerdctl kill: %s, want 137", code)
@@ -151,7 +181,7 @@ func TestShimPauseUnpause(t *testing.T) {
 		}
 		c.waitFor(t, "counting", func(x workload.Count) bool { return x.N > start.N })
 
-		nerdctl(t, d, "pause", "counter")
+		mustNerdctl(t, d, "pause", "counter")
 		waitForStatus(t, d, "counter", "paused")
 		frozen := c.waitFor(t, "a count", func(workload.Count) bool { return true })
 		// Seeing that nothing happens takes time: 25 rounds of the counter's loop.
@@ -160,7 +190,7 @@ func TestShimPauseUnpause(t *testing.T) {
 			t.Fatalf("the counter went from %+v to %+v while paused", frozen, now)
 		}
 
-		nerdctl(t, d, "unpause", "counter")
+		mustNerdctl(t, d, "unpause", "counter")
 		waitForStatus(t, d, "counter", "running")
 		c.waitFor(t, fmt.Sprintf("counting on past %d", frozen.N), func(x workload.Count) bool {
 			return x.Token == frozen.Token && x.N > frozen.N+3
@@ -174,7 +204,7 @@ func TestShimStats(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		d := shimDaemon(t)
 		runDetached(t, d, rt, "box", nil, "sleep", "3600")
-		out := strings.TrimSpace(nerdctl(t, d, "stats", "--no-stream", "--format", "{{.Name}} {{.MemUsage}} {{.PIDs}}", "box"))
+		out := strings.TrimSpace(mustNerdctl(t, d, "stats", "--no-stream", "--format", "{{.Name}} {{.MemUsage}} {{.PIDs}}", "box"))
 		m := regexp.MustCompile(`^box ([0-9.]+)([KMG]i)?B / \S+ (\d+)$`).FindStringSubmatch(out)
 		if m == nil {
 			t.Fatalf("nerdctl stats printed %q, want NAME USAGE / LIMIT PIDS", out)
@@ -196,7 +226,7 @@ func TestShimTop(t *testing.T) {
 		pid := inspect(t, d, "box", "{{.State.Pid}}")
 		// The background sleep may not have started when run -d returns.
 		eventually(t, "nerdctl top to list both sleeps", func() error {
-			out := nerdctl(t, d, "top", "box")
+			out := mustNerdctl(t, d, "top", "box")
 			for _, want := range []string{"sleep 3600", "sleep 3601"} {
 				if !strings.Contains(out, want) {
 					return fmt.Errorf("no %q in:\n%s", want, out)
@@ -235,7 +265,7 @@ func TestShimRemoveRunning(t *testing.T) {
 				t.Fatalf("found no %sof the running container, only %v", kind, left)
 			}
 		}
-		nerdctl(t, d, "rm", "-f", "doomed")
+		mustNerdctl(t, d, "rm", "-f", "doomed")
 		if _, err := d.Client().LoadContainer(ctx, id); !errdefs.IsNotFound(err) {
 			t.Fatalf("container still known to containerd after rm -f (%v)", err)
 		}
@@ -283,7 +313,7 @@ func TestShimExitCodes(t *testing.T) {
 				<-done
 			})
 			waitForStatus(t, d, "victim", "running")
-			nerdctl(t, d, "kill", "victim")
+			mustNerdctl(t, d, "kill", "victim")
 			select {
 			case <-done:
 			case <-time.After(30 * time.Second):
