@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build install demo test test-unit test-integration vet ctrd-suite clean
+.PHONY: all deps build install demo bench-shim test test-unit test-integration vet ctrd-suite clean
 
 all: build
 
@@ -46,6 +46,10 @@ install: build
 ## demo: run a container on a private containerd, checkpoint and restore it, print timings
 demo: deps build
 	$(GO) run ./integration/demo
+
+## bench-shim: start/delete latency and shim memory, runc shim vs cklite's (reports, asserts nothing)
+bench-shim: deps build
+	$(GO) run ./integration/bench/shimstart
 
 vet:
 	$(GO) vet ./...
