@@ -94,20 +94,31 @@ const cliTimeout = time.Minute
 // timeout, fails the test, so callers can check non-zero exit codes.
 func nerdctlResult(t *testing.T, d *harness.Daemon, stdin string, args ...string) result {
 	t.Helper()
+	return cliResult(t, d, stdin, "nerdctl", args...)
+}
+
+// ctrResult is nerdctlResult for ctr, in the daemon's namespace.
+func ctrResult(t *testing.T, d *harness.Daemon, stdin string, args ...string) result {
+	t.Helper()
+	return cliResult(t, d, stdin, "ctr", append([]string{"--address", d.Address, "--namespace", d.Namespace}, args...)...)
+}
+
+func cliResult(t *testing.T, d *harness.Daemon, stdin, name string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
 	defer cancel()
-	cmd := d.Command(ctx, "nerdctl", args...)
+	cmd := d.Command(ctx, name, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdin = strings.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
 	if ctx.Err() != nil {
-		t.Fatalf("nerdctl %s: no exit after %s; stdout %q, stderr %q", strings.Join(args, " "), cliTimeout, stdout.String(), stderr.String())
+		t.Fatalf("%s %s: no exit after %s; stdout %q, stderr %q", name, strings.Join(args, " "), cliTimeout, stdout.String(), stderr.String())
 	}
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) {
-		t.Fatalf("nerdctl %s: %v", strings.Join(args, " "), err)
+		t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
 	}
 	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()}
 }
@@ -217,4 +228,33 @@ func (c counter) waitFor(t *testing.T, what string, ok func(workload.Count) bool
 		t.Fatal(err)
 	}
 	return x
+}
+
+// startCommand starts cmd and returns a channel closed once it has exited; the end of the test
+// kills it if it still runs.
+func startCommand(t *testing.T, cmd *exec.Cmd) <-chan struct{} {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	return done
+}
+
+// waitClosed waits up to 30 s for done, and fails the test waiting for what() otherwise.
+func waitClosed(t *testing.T, done <-chan struct{}, what func() string) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("waiting 30 s for %s", what())
+	}
 }

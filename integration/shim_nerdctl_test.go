@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -13,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,7 +82,7 @@ func bridgeNetwork(t *testing.T, d *harness.Daemon) string {
 	return name
 }
 
-// TestShimExec is `nerdctl exec`: output, exit codes and stdin of exec'd processes.
+// TestShimExec is `nerdctl exec`: output and exit codes of exec'd processes.
 func TestShimExec(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		d := shimDaemon(t)
@@ -92,9 +95,6 @@ func TestShimExec(t *testing.T) {
 		if r.code == 0 || !execExitRE.MatchString(r.stderr) || execExitRE.FindStringSubmatch(r.stderr)[1] != "4" {
 			t.Fatalf("exec of `exit 4`: nerdctl exited %d, stderr %q; want the exit code 4 reported", r.code, r.stderr)
 		}
-		if r := nerdctlResult(t, d, "from stdin", "exec", "-i", "box", "cat"); r.code != 0 || r.stdout != "from stdin" {
-			t.Fatalf("exec -i cat: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-		}
 		// An exec of a binary that is not there fails and names it.
 		if r := nerdctlResult(t, d, "", "exec", "box", "/no/such/binary"); r.code == 0 || !strings.Contains(r.stderr, "/no/such/binary") {
 			t.Fatalf("exec of a missing binary: exit %d, stderr %q", r.code, r.stderr)
@@ -105,6 +105,78 @@ func TestShimExec(t *testing.T) {
 		}
 		waitForStatus(t, d, "box", "running")
 	})
+}
+
+// TestShimStdin feeds a container's `cat` a line on stdin and, once cat has echoed it, closes
+// stdin (CloseIO): cat must exit. For the task's init process through `ctr run`, for an exec'd
+// one through `nerdctl exec -i`. (nerdctl 2.2's `run -i` never closes the container's stdin,
+// whatever the runtime; ctr closes it only if its stdin ends after the task was created, hence
+// the wait for the echo.)
+func TestShimStdin(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, rt string) {
+		d := shimDaemon(t)
+		runDetached(t, d, rt, "box", nil, "sleep", "3600")
+		t.Run("init", func(t *testing.T) {
+			catStdin(t, d.Command(context.Background(), "ctr", "--address", d.Address, "--namespace", d.Namespace,
+				"run", "--rm", "--fifo-dir", d.FIFODir(), "--runtime", rt, busybox.Name, "cat-init", "cat"))
+		})
+		t.Run("exec", func(t *testing.T) {
+			catStdin(t, d.Command(context.Background(), "nerdctl", "exec", "-i", "box", "cat"))
+		})
+		// All of stdin at once: nerdctl may close it (CloseIO) before the exec has started.
+		t.Run("exec, stdin ended at once", func(t *testing.T) {
+			if r := nerdctlResult(t, d, "from stdin\n", "exec", "-i", "box", "cat"); r.code != 0 || r.stdout != "from stdin\n" {
+				t.Fatalf("exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+			}
+		})
+	})
+}
+
+// catStdin runs cmd, a CLI running `cat` in a container, writes a line to its stdin, waits for
+// the echo, closes stdin and expects the CLI to exit 0.
+func catStdin(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, stderr lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	done := startCommand(t, cmd)
+	if _, err := io.WriteString(stdin, "from stdin\n"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "cat to echo its input", func() error {
+		if !strings.Contains(out.String(), "from stdin\n") {
+			return fmt.Errorf("output so far %q", out.String())
+		}
+		return nil
+	})
+	stdin.Close()
+	waitClosed(t, done, func() string {
+		return fmt.Sprintf("cat to exit at the end of its stdin; stdout %q, stderr %q", out.String(), stderr.String())
+	})
+	if code := cmd.ProcessState.ExitCode(); code != 0 || out.String() != "from stdin\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out.String(), stderr.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe to read while a command writes to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestShimLogs is `nerdctl logs`: the container's stdout and stderr, kept apart.
@@ -300,25 +372,10 @@ func TestShimExitCodes(t *testing.T) {
 		}
 		t.Run("killed", func(t *testing.T) {
 			cmd := d.Command(context.Background(), "nerdctl", "run", "--rm", "--runtime", rt, "--net", "none", "--name", "victim", busybox.Name, "sleep", "3600")
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan struct{})
-			go func() {
-				_ = cmd.Wait()
-				close(done)
-			}()
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill()
-				<-done
-			})
+			done := startCommand(t, cmd)
 			waitForStatus(t, d, "victim", "running")
 			mustNerdctl(t, d, "kill", "victim")
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("nerdctl run did not return after its container was killed")
-			}
+			waitClosed(t, done, func() string { return "nerdctl run to return after its container was killed" })
 			if code := cmd.ProcessState.ExitCode(); code != 137 {
 				t.Fatalf("nerdctl run of a container killed by SIGKILL exited %d, want 137", code)
 			}
