@@ -7,6 +7,8 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	taskv3 "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -22,6 +25,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/integration/harness"
@@ -151,33 +155,63 @@ func TestShimDoubleStart(t *testing.T) {
 }
 
 // TestShimUnknownExecID sends the calls that address an exec process by id with an id no exec
-// has: each is NotFound and names the id, and the task is unharmed.
+// has, both through containerd (which asks the shim for the process's State first) and straight
+// to the shim's ttrpc socket (reaching each of the shim's handlers): each is NotFound and names
+// the id, and the task is unharmed.
 func TestShimUnknownExecID(t *testing.T) {
 	const execID = "no-such-exec"
 	calls := []struct {
 		name string
-		call func(ctx context.Context, ts tasks.TasksClient, id string) error
+		// viaContainerd is nil where containerd's task API has no such call.
+		viaContainerd func(ctx context.Context, ts tasks.TasksClient, id string) error
+		toShim        func(ctx context.Context, shim taskv3.TTRPCTaskService, id string) error
+		// runcNoClass: runc-v2's handler returns its error unconverted, so it arrives as Unknown
+		// (with the right message); cklite should keep it NotFound.
+		runcNoClass bool
 	}{
 		{"Kill", func(ctx context.Context, ts tasks.TasksClient, id string) error {
 			_, err := ts.Kill(ctx, &tasks.KillRequest{ContainerID: id, ExecID: execID, Signal: uint32(syscall.SIGKILL)})
 			return err
-		}},
+		}, func(ctx context.Context, shim taskv3.TTRPCTaskService, id string) error {
+			_, err := shim.Kill(ctx, &taskv3.KillRequest{ID: id, ExecID: execID, Signal: uint32(syscall.SIGKILL)})
+			return err
+		}, false},
 		{"ResizePty", func(ctx context.Context, ts tasks.TasksClient, id string) error {
 			_, err := ts.ResizePty(ctx, &tasks.ResizePtyRequest{ContainerID: id, ExecID: execID, Width: 80, Height: 24})
 			return err
-		}},
+		}, func(ctx context.Context, shim taskv3.TTRPCTaskService, id string) error {
+			_, err := shim.ResizePty(ctx, &taskv3.ResizePtyRequest{ID: id, ExecID: execID, Width: 80, Height: 24})
+			return err
+		}, false},
 		{"CloseIO", func(ctx context.Context, ts tasks.TasksClient, id string) error {
 			_, err := ts.CloseIO(ctx, &tasks.CloseIORequest{ContainerID: id, ExecID: execID, Stdin: true})
 			return err
-		}},
-		{"DeleteProcess", func(ctx context.Context, ts tasks.TasksClient, id string) error {
+		}, func(ctx context.Context, shim taskv3.TTRPCTaskService, id string) error {
+			_, err := shim.CloseIO(ctx, &taskv3.CloseIORequest{ID: id, ExecID: execID, Stdin: true})
+			return err
+		}, true},
+		{"Delete", func(ctx context.Context, ts tasks.TasksClient, id string) error {
 			_, err := ts.DeleteProcess(ctx, &tasks.DeleteProcessRequest{ContainerID: id, ExecID: execID})
 			return err
-		}},
-		{"Get", func(ctx context.Context, ts tasks.TasksClient, id string) error {
+		}, func(ctx context.Context, shim taskv3.TTRPCTaskService, id string) error {
+			_, err := shim.Delete(ctx, &taskv3.DeleteRequest{ID: id, ExecID: execID})
+			return err
+		}, false},
+		{"State", func(ctx context.Context, ts tasks.TasksClient, id string) error {
 			_, err := ts.Get(ctx, &tasks.GetRequest{ContainerID: id, ExecID: execID})
 			return err
-		}},
+		}, func(ctx context.Context, shim taskv3.TTRPCTaskService, id string) error {
+			_, err := shim.State(ctx, &taskv3.StateRequest{ID: id, ExecID: execID})
+			return err
+		}, false},
+		{"Start", nil, func(ctx context.Context, shim taskv3.TTRPCTaskService, id string) error {
+			_, err := shim.Start(ctx, &taskv3.StartRequest{ID: id, ExecID: execID})
+			return err
+		}, false},
+		{"Wait", nil, func(ctx context.Context, shim taskv3.TTRPCTaskService, id string) error {
+			_, err := shim.Wait(ctx, &taskv3.WaitRequest{ID: id, ExecID: execID})
+			return err
+		}, false},
 	}
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		d := shimDaemon(t)
@@ -187,18 +221,55 @@ func TestShimUnknownExecID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		shim := dialShim(t, d, c.ID())
+		check := func(t *testing.T, err error, notFound bool) {
+			t.Helper()
+			err = errgrpc.ToNative(err)
+			expectError(t, err, execID)
+			if notFound && !errdefs.IsNotFound(err) {
+				t.Errorf("error is not NotFound: %v", err)
+			}
+			expectRunning(t, ctx, task)
+		}
 		for _, tc := range calls {
-			t.Run(tc.name, func(t *testing.T) {
-				err := errgrpc.ToNative(tc.call(ctx, d.Client().TaskService(), c.ID()))
-				expectError(t, err, execID)
-				if !errdefs.IsNotFound(err) {
-					t.Errorf("error is not NotFound: %v", err)
-				}
-				expectRunning(t, ctx, task)
+			if tc.viaContainerd != nil {
+				t.Run(tc.name+" via containerd", func(t *testing.T) {
+					check(t, tc.viaContainerd(ctx, d.Client().TaskService(), c.ID()), true)
+				})
+			}
+			t.Run(tc.name+" to the shim", func(t *testing.T) {
+				check(t, tc.toShim(ctx, shim, c.ID()), rt != runcRuntime || !tc.runcNoClass)
 			})
 		}
 		removeExpectingNoLeftovers(t, ctx, d, c)
 	})
+}
+
+// dialShim connects to the ttrpc task API of container id's shim, at the address containerd
+// recorded in the bundle's bootstrap.json.
+func dialShim(t *testing.T, d *harness.Daemon, id string) taskv3.TTRPCTaskService {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(d.RootfsPath(id)), "bootstrap.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var params struct {
+		Address  string `json:"address"`
+		Protocol string `json:"protocol"`
+	}
+	if err := json.Unmarshal(data, &params); err != nil {
+		t.Fatalf("bootstrap.json: %v", err)
+	}
+	if params.Protocol != "ttrpc" {
+		t.Fatalf("the shim speaks %q, not ttrpc", params.Protocol)
+	}
+	conn, err := net.Dial("unix", strings.TrimPrefix(params.Address, "unix://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := ttrpc.NewClient(conn)
+	t.Cleanup(func() { client.Close() })
+	return taskv3.NewTTRPCTaskClient(client)
 }
 
 // TestShimCgroupConflict starts two containers with the same cgroupsPath: the second must fail
