@@ -78,8 +78,30 @@ func bridgeNetwork(t *testing.T, d *harness.Daemon) string {
 		if out, err := exec.Command("ip", "link", "delete", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 			t.Errorf("removing the bridge %s: %v: %s", bridge, err, out)
 		}
+		removeIsolationRules(t, bridge)
 	})
 	return name
+}
+
+// removeIsolationRules deletes the iptables rules CNI's firewall plugin added for bridge in its
+// isolation chains, which no CNI DEL removes.
+func removeIsolationRules(t *testing.T, bridge string) {
+	t.Helper()
+	for _, chain := range []string{"CNI-ISOLATION-STAGE-1", "CNI-ISOLATION-STAGE-2"} {
+		out, err := exec.Command("iptables", "-S", chain).Output()
+		if err != nil {
+			continue // no such chain: nothing was added
+		}
+		for _, rule := range strings.Split(string(out), "\n") {
+			if !strings.HasPrefix(rule, "-A ") || !strings.Contains(rule, " "+bridge+" ") {
+				continue
+			}
+			// -S prints the rule quoted as a shell would take it.
+			if out, err := exec.Command("sh", "-c", "iptables -D "+strings.TrimPrefix(rule, "-A ")).CombinedOutput(); err != nil {
+				t.Errorf("removing the iptables rule %q: %v: %s", rule, err, out)
+			}
+		}
+	}
 }
 
 // TestShimExec is `nerdctl exec`: output and exit codes of exec'd processes.
