@@ -59,8 +59,8 @@ func shimDaemon(t *testing.T) *harness.Daemon {
 	return d
 }
 
-// runDetached is `nerdctl run -d` of busybox with runtime rt and no network, the container named
-// name; flags go before the image, cmd after it. It returns the container's full id.
+// runDetached is `nerdctl run -d` of busybox with runtime rt (no network unless flags pick one),
+// named name; flags go before the image, cmd after it. It returns the container's full id.
 func runDetached(t *testing.T, d *harness.Daemon, rt, name string, flags []string, cmd ...string) string {
 	t.Helper()
 	args := append([]string{"run", "-d", "--runtime", rt, "--name", name}, flags...)
