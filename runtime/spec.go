@@ -48,7 +48,7 @@ func NewConfig(bundle string, spec *specs.Spec, o ConfigOptions) (*configs.Confi
 	}
 	spec.Root.Path = absIn(bundle, spec.Root.Path)
 	if _, err := os.Stat(spec.Root.Path); err != nil {
-		return nil, fmt.Errorf("container rootfs %s: %w", spec.Root.Path, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("container rootfs: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	for i := range spec.Mounts {
 		m := &spec.Mounts[i]
