@@ -1,23 +1,23 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/selinux/go-selinux"
 	"golang.org/x/sys/unix"
 )
 
 // NewProcess converts an OCI process into a libcontainer process (a port of runc's newProcess,
 // which lives in runc's package main). Stdio, console and Init are left to the caller.
 func NewProcess(p *specs.Process) (*libcontainer.Process, error) {
-	if p == nil {
-		return nil, fmt.Errorf("no process in spec: %w", errdefs.ErrInvalidArgument)
-	}
-	if len(p.Args) == 0 {
-		return nil, fmt.Errorf("process args must not be empty: %w", errdefs.ErrInvalidArgument)
+	if err := validateProcess(p); err != nil {
+		return nil, fmt.Errorf("invalid process: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	lp := &libcontainer.Process{
 		Args:            p.Args,
@@ -60,6 +60,23 @@ func NewProcess(p *specs.Process) (*libcontainer.Process, error) {
 	}
 	lp.CPUAffinity = aff
 	return lp, nil
+}
+
+// validateProcess is runc's validateProcessSpec (package main), naming the offending value.
+func validateProcess(p *specs.Process) error {
+	switch {
+	case p == nil:
+		return errors.New("process property must not be empty")
+	case p.Cwd == "":
+		return errors.New("cwd property must not be empty")
+	case !filepath.IsAbs(p.Cwd):
+		return fmt.Errorf("cwd %q must be an absolute path", p.Cwd)
+	case len(p.Args) == 0:
+		return errors.New("args must not be empty")
+	case p.SelinuxLabel != "" && !selinux.GetEnabled():
+		return errors.New("selinux label is specified in config, but selinux is disabled or not supported")
+	}
+	return nil
 }
 
 var rlimits = map[string]int{

@@ -73,7 +73,14 @@ func TestNewProcess(t *testing.T) {
 	if _, err := NewProcess(p); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("bogus rlimit: %v", err)
 	}
-	if _, err := NewProcess(&specs.Process{}); !errors.Is(err, errdefs.ErrInvalidArgument) {
-		t.Fatalf("empty args: %v", err)
+	for name, bad := range map[string]*specs.Process{
+		"nil":          nil,
+		"no cwd":       {Args: []string{"sh"}},
+		"relative cwd": {Args: []string{"sh"}, Cwd: "rel"},
+		"no args":      {Cwd: "/"},
+	} {
+		if _, err := NewProcess(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

@@ -6,10 +6,8 @@ import (
 	"io"
 	"os"
 	"sync"
-	"syscall"
 
 	"github.com/containerd/console"
-	"github.com/containerd/fifo"
 	"github.com/opencontainers/runc/libcontainer/utils"
 )
 
@@ -76,11 +74,10 @@ func (p *processIO) attachConsole(ctx context.Context, master console.Console) (
 		return nil, fmt.Errorf("add console to epoller: %w", err)
 	}
 	if p.stdio.Stdin != "" {
-		in, err := fifo.OpenFifo(context.Background(), p.stdio.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+		in, err := p.openStdin()
 		if err != nil {
-			return nil, fmt.Errorf("open stdin fifo %s: %w", p.stdio.Stdin, err)
+			return nil, err
 		}
-		p.closers = append(p.closers, in)
 		go func() {
 			buf := make([]byte, 4096)
 			_, _ = io.CopyBuffer(ec, in, buf)
@@ -88,9 +85,6 @@ func (p *processIO) attachConsole(ctx context.Context, master console.Console) (
 			_ = ec.Shutdown(ep.CloseConsole)
 			in.Close()
 		}()
-		if err := p.keepStdin(); err != nil {
-			return nil, err
-		}
 	}
 	var out io.WriteCloser
 	switch {

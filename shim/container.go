@@ -200,9 +200,7 @@ func (s *service) launch(ctx context.Context, c *container, p *process, lp *libc
 	}
 	s.reaper.own(pid)
 	pio.started()
-	p.mu.Lock()
-	p.io = pio
-	p.mu.Unlock()
+	p.setIO(pio)
 	if cs != nil {
 		master, err := cs.receive()
 		if err != nil {

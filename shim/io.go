@@ -191,23 +191,35 @@ func (p *processIO) pipeTo(ctx context.Context, dst io.WriteCloser, uid, gid int
 
 // pipeStdin feeds the stdin FIFO into a pipe read by the process.
 func (p *processIO) pipeStdin(ctx context.Context, uid, gid int) error {
-	in, err := fifo.OpenFifo(context.WithoutCancel(ctx), p.stdio.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+	in, err := p.openStdin()
 	if err != nil {
-		return fmt.Errorf("open stdin fifo %s: %w", p.stdio.Stdin, err)
+		return err
 	}
 	r, w, err := os.Pipe()
 	if err != nil {
-		in.Close()
 		return fmt.Errorf("create stdin pipe: %w", err)
 	}
 	if err := r.Chown(uid, gid); err != nil {
-		closeAll[io.Closer](in, r, w)
+		closeAll(r, w)
 		return fmt.Errorf("chown stdin pipe: %w", err)
 	}
 	p.childIn = r
-	p.closers = append(p.closers, in) // unblocks the copy on Delete
 	go copyAndClose(ctx, w, in)
-	return p.keepStdin()
+	return nil
+}
+
+// openStdin opens the stdin FIFO for reading, after keepStdin: the FIFO then always has a
+// writer, so a read never sees a premature EOF before the client has opened its end.
+func (p *processIO) openStdin() (io.ReadCloser, error) {
+	if err := p.keepStdin(); err != nil {
+		return nil, err
+	}
+	in, err := fifo.OpenFifo(context.Background(), p.stdio.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open stdin fifo %s: %w", p.stdio.Stdin, err)
+	}
+	p.closers = append(p.closers, in) // unblocks the copy on Delete
+	return in, nil
 }
 
 // keepStdin holds the stdin FIFO open for writing, so that the process sees EOF only after

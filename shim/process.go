@@ -50,6 +50,7 @@ type process struct {
 	pid        int
 	lp         *libcontainer.Process
 	io         *processIO
+	stdinShut  bool // CloseIO came, maybe before the stdio existed
 	console    *console.EpollConsole
 	exitStatus int
 	exitedAt   time.Time
@@ -157,13 +158,26 @@ func (p *process) resize(ws console.WinSize) error {
 	return p.console.Resize(ws)
 }
 
+// closeStdin implements CloseIO. The client may send it as soon as it has written all of stdin,
+// which can be while Start is still wiring the stdio: setIO then closes stdin.
 func (p *process) closeStdin() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.stdinShut = true
 	if p.io == nil {
 		return nil
 	}
 	return p.io.closeStdin()
+}
+
+// setIO records the process's stdio, honouring an earlier CloseIO.
+func (p *process) setIO(pio *processIO) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.io = pio
+	if p.stdinShut {
+		_ = pio.closeStdin()
+	}
 }
 
 // release drains and closes the process's stdio and console (Delete).
