@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -450,10 +451,17 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if path == "" {
 		path = r.Path
 	}
+	// CRIU's logs and stats go to a work directory, kept out of the image like runc-v2 does
+	// (a temporary one unless the client names it).
+	work := o.WorkPath
+	if work == "" {
+		work = filepath.Join(c.bundle, "criu-work")
+		defer os.RemoveAll(work)
+	}
 	release := s.reaper.hold() // CRIU is libcontainer's child
 	err = c.engine.Checkpoint(runtime.CheckpointOpts{
 		ImagePath:           path,
-		WorkPath:            o.WorkPath,
+		WorkPath:            work,
 		Exit:                o.Exit,
 		OpenTCP:             o.OpenTcp,
 		ExternalUnixSockets: o.ExternalUnixSockets,
@@ -464,10 +472,24 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	})
 	release()
 	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(keepDumpLog(c.bundle, work, err))
 	}
 	s.events.send(&eventstypes.TaskCheckpointed{ContainerID: c.id, Checkpoint: path})
 	return empty, nil
+}
+
+// keepDumpLog saves CRIU's dump.log next to the bundle, where it survives the work directory,
+// and names it in the error.
+func keepDumpLog(bundle, work string, cause error) error {
+	data, err := os.ReadFile(filepath.Join(work, "dump.log"))
+	if err != nil {
+		return cause
+	}
+	kept := filepath.Join(bundle, "criu-dump.log")
+	if err := os.WriteFile(kept, data, 0o600); err != nil {
+		return cause
+	}
+	return fmt.Errorf("%w (CRIU log: %s)", cause, kept)
 }
 
 // Update the container's linux resources.
