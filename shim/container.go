@@ -110,7 +110,12 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	return c, nil
 }
 
+// privatePidNS reports whether the container gets a PID namespace of its own (killing its init
+// then kills everything in it).
 func privatePidNS(spec *specs.Spec) bool {
+	if spec.Linux == nil {
+		return false
+	}
 	for _, n := range spec.Linux.Namespaces {
 		if n.Type == specs.PIDNamespace {
 			return n.Path == ""
