@@ -48,9 +48,6 @@ func cgroupPath(cfg *configs.Config) string {
 	return cfg.Cgroups.Path
 }
 
-// ID is the container id.
-func (c *Container) ID() string { return c.lc.ID() }
-
 // Start runs the init process up to the point where it waits on libcontainer's exec fifo:
 // the task API's Create. Release (task Start) lets it exec the user's program.
 func (c *Container) Start(p *libcontainer.Process) error {
