@@ -70,7 +70,13 @@ SNAPSHOTTER ?= overlayfs
 SUITE       ?= $(CURDIR)/../shared/tools/containerd-client-suite.sh
 ctrd-suite: deps build
 	@test -x $(SUITE) || { echo "$(SUITE) not found: this target needs the developers' shared tools"; exit 2; }
-	CTRD_BIN=/opt/cklite/bin CTRD_EXTRA_PATH=$(BIN) $(SUITE) $(RUNTIME) $(SNAPSHOTTER) $(RUN)
+	@# The stack without an installed cklite shim, so that the one just built in bin/ is tested.
+	@stack=$$(mktemp -d); \
+	for f in $(CKLITE_PREFIX)/bin/*; do \
+		case $$(basename $$f) in containerd-shim-cklite-v2) ;; *) ln -s $$f $$stack/ ;; esac; \
+	done; \
+	PATH=$$stack:$$PATH CTRD_BIN=$$stack CTRD_EXTRA_PATH=$(BIN) $(SUITE) $(RUNTIME) $(SNAPSHOTTER) '$(RUN)'; \
+	rc=$$?; rm -rf $$stack; exit $$rc
 
 clean:
 	rm -rf $(BIN)
