@@ -35,6 +35,7 @@ type container struct {
 	execs        map[string]*process
 	runningExecs int
 	initExited   bool
+	deleting     bool       // a Delete of init is under way: a second one is refused
 	execsDone    *sync.Cond // signalled when runningExecs drops
 }
 

@@ -232,7 +232,9 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		return nil, errgrpc.ToGRPC(err)
 	}
 	if p.init {
-		err = s.deleteContainer(ctx, c)
+		if err = s.deleteContainer(ctx, c); errdefs.IsNotFound(err) {
+			return nil, errgrpc.ToGRPC(err)
+		}
 	} else {
 		c.mu.Lock()
 		delete(c.execs, p.id)
@@ -254,6 +256,13 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 
 // deleteContainer kills a created init, then removes everything the container holds.
 func (s *service) deleteContainer(ctx context.Context, c *container) error {
+	c.mu.Lock()
+	deleting := c.deleting
+	c.deleting = true
+	c.mu.Unlock()
+	if deleting {
+		return fmt.Errorf("container %s is being deleted: %w", c.id, errdefs.ErrNotFound)
+	}
 	if c.init.status() == statusCreated && c.init.getPid() > 0 {
 		_ = c.engine.Signal(syscall.SIGKILL, false)
 		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
