@@ -185,6 +185,23 @@ func (d *Daemon) startSnapshotter() error {
 	})
 }
 
+// RestartSnapshotter stops cklite-snapshotter — with SIGKILL at once when kill is set, to play a
+// crash at whatever it was doing — and starts it again on the same socket and root.
+func (d *Daemon) RestartSnapshotter(kill bool) error {
+	if d.snapshotter == nil {
+		return fmt.Errorf("cklite-snapshotter is not running: start the daemon with Config{CkliteSnapshotter: true}")
+	}
+	if kill {
+		if err := d.snapshotter.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			return err
+		}
+		<-d.snapshotter.done
+	} else if err := d.snapshotter.stop(10 * time.Second); err != nil {
+		return err
+	}
+	return d.startSnapshotter()
+}
+
 // env is the environment of containerd and of the CLIs run against it.
 func (d *Daemon) env() []string {
 	return []string{
