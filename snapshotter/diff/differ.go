@@ -19,9 +19,11 @@
 //   - upper is a single overlay mount whose upperdir is under
 //     <root>/snapshots/, or a single rw bind mount of a directory under
 //     <root>/snapshots/ (an active snapshot without parent), and
-//   - lower describes exactly the upper's lower layers: no mounts when the
-//     upper has no lowerdir, a single bind mount of the upper's only
-//     lowerdir, or an overlay mount with the same lowerdir list.
+//   - lower describes exactly the upper's lower layers: when the upper has
+//     no lowerdir, no mounts or a bind mount of an empty directory (what
+//     rootfs.CreateDiff's View of the parent "" gives); otherwise a single
+//     bind mount of the upper's only lowerdir, or an overlay mount with the
+//     same lowerdir list.
 //
 // Anything else (another snapshotter's mounts, idmapped layers, a lower that
 // is not the upper's parent, an unsupported media type) falls through: Compare

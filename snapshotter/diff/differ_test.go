@@ -27,6 +27,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/containerd/v2/pkg/rootfs"
 	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/containerd/v2/plugins/diff/walking"
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay"
@@ -79,7 +80,7 @@ func (e *env) commit(tb testing.TB, name, parent string, populate func(dir strin
 
 // active prepares the active snapshot key on parent and makes change through
 // a real mount of it, which stays mounted like a running container's rootfs.
-// It returns the mounts rootfs.CreateDiff passes to the differ.
+// It returns the mounts rootfs.CreateDiff passes to the differ for key.
 func (e *env) active(tb testing.TB, key, parent string, change func(dir string)) (lower, upper []mount.Mount) {
 	tb.Helper()
 	ctx := context.Background()
@@ -93,10 +94,9 @@ func (e *env) active(tb testing.TB, key, parent string, change func(dir string))
 	}
 	tb.Cleanup(func() { mount.UnmountAll(target, 0) })
 	change(target)
-	if parent != "" {
-		if lower, err = e.sn.View(ctx, key+"-parent", parent); err != nil {
-			tb.Fatal(err)
-		}
+	// As rootfs.CreateDiff does, even for the parent "".
+	if lower, err = e.sn.View(ctx, key+"-parent", parent); err != nil {
+		tb.Fatal(err)
 	}
 	return lower, upper
 }
@@ -404,14 +404,15 @@ func TestCompareMatchesWalking(t *testing.T) {
 				e.commit(t, name, parent, func(dir string) { populate(t, dir) })
 				parent = name
 			}
-			lower, upper := e.active(t, "active", parent, func(dir string) { tc.change(t, dir) })
+			lower, _ := e.active(t, "active", parent, func(dir string) { tc.change(t, dir) })
 			ctx := context.Background()
 
-			fastDesc, err := e.fast.Compare(ctx, lower, upper, tc.opts...)
+			// Through the client's own checkpoint path.
+			fastDesc, err := rootfs.CreateDiff(ctx, "active", e.sn, e.fast, tc.opts...)
 			if err != nil {
 				t.Fatalf("fast Compare: %v", err)
 			}
-			walkDesc, err := e.walking.Compare(ctx, lower, upper, tc.opts...)
+			walkDesc, err := rootfs.CreateDiff(ctx, "active", e.sn, e.walking, tc.opts...)
 			if err != nil {
 				t.Fatalf("walking Compare: %v", err)
 			}
@@ -421,9 +422,7 @@ func TestCompareMatchesWalking(t *testing.T) {
 			checkLabels(t, e.store, fastDesc)
 
 			fast, walk := readLayer(t, e.store, fastDesc), readLayer(t, e.store, walkDesc)
-			if lower != nil {
-				expandOpaque(t, fast, lower)
-			}
+			expandOpaque(t, fast, lower)
 			compareLayers(t, fast, walk)
 			if t.Failed() {
 				t.Logf("fast: %v\nwalking: %v", keys(fast), keys(walk))
@@ -484,23 +483,24 @@ func TestCompareFallsThrough(t *testing.T) {
 		d            *Differ
 		lower, upper []mount.Mount
 		opts         []diff.Opt
+		// why is part of the error, to tell which check refused.
+		why string
 	}{
-		{name: "another snapshotter root", d: elsewhere, lower: lower, upper: upper},
-		{name: "tmpfs upper", d: e.fast, lower: lower, upper: tmpfs},
-		{name: "view as upper", d: e.fast, lower: nil, upper: lower},
-		{name: "lower of another active", d: e.fast, lower: lower2, upper: upper},
-		{name: "two-layer lower for a one-layer upper", d: e.fast, lower: lower2, upper: upper2[:0]},
-		{name: "lower is not the parent", d: e.fast, lower: lower, upper: upper2},
-		{name: "missing lower", d: e.fast, lower: nil, upper: upper},
-		{name: "lower for an upper without parent", d: e.fast, lower: lower, upper: noParent},
-		{name: "idmapped upper", d: e.fast, lower: lower, upper: idmapped},
-		{name: "metacopy in upperdir", d: e.fast, lower: lower, upper: metacopy},
-		{name: "unsupported media type", d: e.fast, lower: lower, upper: upper, opts: []diff.Opt{diff.WithMediaType("application/x-cklite")}},
+		{name: "another snapshotter root", d: elsewhere, lower: lower, upper: upper, why: "is not under"},
+		{name: "tmpfs upper", d: e.fast, lower: lower, upper: tmpfs, why: `type "tmpfs"`},
+		{name: "view as upper", d: e.fast, upper: lower, why: "read-only bind upper"},
+		{name: "lower of another active", d: e.fast, lower: lower2, upper: upper, why: "other lowerdirs"},
+		{name: "lower is not the parent", d: e.fast, lower: lower, upper: upper2, why: "is not the upper's lowerdir"},
+		{name: "missing lower", d: e.fast, upper: upper, why: "no lower mount"},
+		{name: "lower for an upper without parent", d: e.fast, lower: lower, upper: noParent, why: "is not empty"},
+		{name: "idmapped upper", d: e.fast, lower: lower, upper: idmapped, why: "idmapped"},
+		{name: "metacopy in upperdir", d: e.fast, lower: lower, upper: metacopy, why: "overlay.metacopy"},
+		{name: "unsupported media type", d: e.fast, lower: lower, upper: upper, opts: []diff.Opt{diff.WithMediaType("application/x-cklite")}, why: "unsupported diff media type"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.d.Compare(context.Background(), tc.lower, tc.upper, tc.opts...)
-			if !errdefs.IsNotImplemented(err) {
-				t.Fatalf("Compare: %v, want NotImplemented", err)
+			if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("Compare: %v, want NotImplemented for %q", err, tc.why)
 			}
 		})
 	}

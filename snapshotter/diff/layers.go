@@ -91,6 +91,16 @@ func (d *Differ) match(lower, upper []mount.Mount) (*layers, error) {
 		return nil, notCklite("%d lower mounts", len(lower))
 	case lower[0].Target != "" || slices.ContainsFunc(lower[0].Options, isIDMapOption):
 		return nil, notCklite("lower mount with target or idmap")
+	case (lower[0].Type == "bind" || lower[0].Type == "rbind") && len(l.lowerDirs) == 0:
+		// rootfs.CreateDiff views the parent "" of a snapshot without
+		// parent, which the overlay layout mounts as an empty directory.
+		empty, err := isEmptyDir(lower[0].Source)
+		if err != nil {
+			return nil, notCklite("lower bind for an upper without parent: %v", err)
+		}
+		if !empty {
+			return nil, notCklite("lower bind of %q for an upper without parent is not empty", lower[0].Source)
+		}
 	case lower[0].Type == "bind" || lower[0].Type == "rbind":
 		if len(l.lowerDirs) != 1 || filepath.Clean(lower[0].Source) != filepath.Clean(l.lowerDirs[0]) {
 			return nil, notCklite("lower bind of %q is not the upper's lowerdir", lower[0].Source)
@@ -106,6 +116,19 @@ func (d *Differ) match(lower, upper []mount.Mount) (*layers, error) {
 		return nil, notCklite("lower mount type %q", lower[0].Type)
 	}
 	return l, nil
+}
+
+func isEmptyDir(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return len(names) == 0, err
 }
 
 func isIDMapOption(o string) bool {
