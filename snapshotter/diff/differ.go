@@ -7,12 +7,13 @@
 // (continuity fs.Changes), so even an unchanged container pays for its whole
 // rootfs while it stays frozen. A cklite active snapshot is an overlayfs whose
 // upperdir already holds exactly the changes against its lowerdirs, so this
-// differ walks only the upperdir (continuity fs.DiffDirChanges with
-// DiffSourceOverlayFS, as containerd's erofs differ does): whiteouts (0/0
-// character devices) become OCI ".wh.<name>" entries and opaque directories
-// (trusted.overlay.opaque=y) become ".wh..wh..opq". The lower side is only
-// consulted by lookups of the changed paths, to tell an added file from a
-// modified one. The tar is written by containerd's archive.ChangeWriter,
+// differ walks only the upperdir, as continuity's fs.DiffDirChanges with
+// DiffSourceOverlayFS (used by containerd's erofs differ) does, minus its
+// flaws (see diffUpper): whiteouts (0/0 character devices) become OCI
+// ".wh.<name>" entries and opaque directories (trusted.overlay.opaque=y)
+// become ".wh..wh..opq". The lower layers are only looked up at the changed
+// paths, to drop whiteouts that hide nothing and directories that were only
+// copied up. The tar is written by containerd's archive.ChangeWriter,
 // compressed and stored exactly as the walking differ does.
 //
 // The fast path is taken only when the mounts are recognisably cklite's:

@@ -464,6 +464,7 @@ func TestCompareFallsThrough(t *testing.T) {
 	e.commit(t, "base2", "base", func(dir string) { fsOps{t, dir}.write("two", "2", 0o644) })
 	lower, upper := e.active(t, "active", "base", func(dir string) { changeActive(t, dir) })
 	lower2, upper2 := e.active(t, "active2", "base2", func(dir string) { fsOps{t, dir}.write("three", "3", 0o644) })
+	_, upper3 := e.active(t, "active3", "base2", func(dir string) { fsOps{t, dir}.write("four", "4", 0o644) })
 	_, noParent := e.active(t, "orphan", "", func(dir string) { fsOps{t, dir}.write("one", "1", 0o644) })
 
 	// The same snapshots seen by a differ of another snapshotter root.
@@ -490,6 +491,7 @@ func TestCompareFallsThrough(t *testing.T) {
 		{name: "tmpfs upper", d: e.fast, lower: lower, upper: tmpfs, why: `type "tmpfs"`},
 		{name: "view as upper", d: e.fast, upper: lower, why: "read-only bind upper"},
 		{name: "lower of another active", d: e.fast, lower: lower2, upper: upper, why: "other lowerdirs"},
+		{name: "lower is an active on the parent", d: e.fast, lower: upper3, upper: upper2, why: "upperdir of its own"},
 		{name: "lower is not the parent", d: e.fast, lower: lower, upper: upper2, why: "is not the upper's lowerdir"},
 		{name: "missing lower", d: e.fast, upper: upper, why: "no lower mount"},
 		{name: "lower for an upper without parent", d: e.fast, lower: lower, upper: noParent, why: "is not empty"},

@@ -106,6 +106,9 @@ func (d *Differ) match(lower, upper []mount.Mount) (*layers, error) {
 			return nil, notCklite("lower bind of %q is not the upper's lowerdir", lower[0].Source)
 		}
 	case lower[0].Type == "overlay":
+		if slices.ContainsFunc(lower[0].Options, func(o string) bool { return strings.HasPrefix(o, "upperdir=") }) {
+			return nil, notCklite("lower overlay has an upperdir of its own")
+		}
 		if !slices.Equal(lowerDirs(lower[0].Options), l.lowerDirs) {
 			return nil, notCklite("lower overlay has other lowerdirs than the upper")
 		}
@@ -255,7 +258,8 @@ func diffUpper(upper, base string, fn fs.ChangeFunc) error {
 }
 
 // lstatIn returns the lstat of rel below root, resolving symlinks on the way
-// as if root were "/", or nil when nothing is there.
+// as if root were "/", or nil when nothing is there. A whiteout counts as
+// nothing, as in an overlay: a single lowerdir is read in place, unmounted.
 func lstatIn(root *os.File, rel string) (os.FileInfo, error) {
 	fd, err := unix.Openat2(int(root.Fd()), rel, &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
@@ -269,7 +273,11 @@ func lstatIn(root *os.File, rel string) (os.FileInfo, error) {
 	}
 	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
-	return f.Stat()
+	fi, err := f.Stat()
+	if err != nil || isWhiteout(fi) {
+		return nil, err
+	}
+	return fi, nil
 }
 
 // isWhiteout tells overlay's whiteout, a 0/0 character device.
