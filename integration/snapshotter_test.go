@@ -1,22 +1,31 @@
 package integration
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cklite/cklite/integration/harness"
 	"github.com/cklite/cklite/snapshotter/freeze"
@@ -442,4 +451,66 @@ func diffLines(want, got string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestCheckpointDiffFastPath: the rw diff containerd computes for a checkpoint of a container on
+// cklite comes from cklite's differ, which reads only the upper directory — the changes since the
+// last freeze — and holds exactly those changes.
+func TestCheckpointDiffFastPath(t *testing.T) {
+	e := newFSEnv(t)
+	c := e.container(t, "diffed", "diffed-rootfs", "image")
+	e.run(t, c, "echo before > /before")
+	e.freeze(t, "diffed-rootfs", "diffed-frozen")
+	e.run(t, c, "echo after > /after; rm /before")
+
+	ctr(t, e.d, "containers", "checkpoint", "--rw", "diffed", "checkpoint/diffed:1")
+	img, err := e.d.Client().ImageService().Get(e.ctx, "checkpoint/diffed:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	index, err := content.ReadBlob(e.ctx, e.d.Client().ContentStore(), img.Target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx ocispec.Index
+	if err := json.Unmarshal(index, &idx); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, desc := range idx.Manifests {
+		if !images.IsLayerType(desc.MediaType) { // the rw diff; the others are the spec and task images
+			continue
+		}
+		ra, err := e.d.Client().ContentStore().ReaderAt(e.ctx, desc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ra.Close()
+		r, err := compression.DecompressStream(content.NewReader(ra))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := tar.NewReader(r)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, h.Name)
+		}
+	}
+	sort.Strings(names)
+	if want := []string{".wh.before", "after"}; !slices.Equal(names, want) {
+		t.Fatalf("the checkpoint's rw diff holds %q, want %q (the changes since the freeze)", names, want)
+	}
+	log, err := os.ReadFile(filepath.Join(e.d.Dir, "cklite-snapshotter.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "cklite differ: diffed upperdir") {
+		t.Fatal("the rw diff did not come from cklite's differ (no 'diffed upperdir' in cklite-snapshotter.log)")
+	}
 }

@@ -86,8 +86,8 @@ func applyDir(src, dst string) error {
 	return nil
 }
 
-// copyDirMeta gives dst the mode, owner, xattrs and times of the directory src, and marks it
-// opaque or not.
+// copyDirMeta gives dst the mode, owner, xattrs (but overlayfs's own) and times of the directory
+// src, and marks it opaque if asked.
 func copyDirMeta(src, dst string, opaque bool) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(src, &st); err != nil {
@@ -116,9 +116,7 @@ func copyDirMeta(src, dst string, opaque bool) error {
 			return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
 		}
 	}
-	for _, name := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
-		_ = unix.Lremovexattr(dst, name)
-	}
+	// dst is a directory a merge made, so only this sets overlay xattrs on it.
 	if opaque {
 		if err := unix.Lsetxattr(dst, opaqueXattr(src), []byte("y"), 0); err != nil {
 			return &os.PathError{Op: "setxattr opaque", Path: dst, Err: err}

@@ -31,6 +31,9 @@ import (
 // directories; it is built under a temporary name and renamed, so a crash leaves either nothing
 // or a complete merge. It is removed with its top layer.
 
+// mergingPrefix names the directory of a merge being built.
+const mergingPrefix = "merging-"
+
 // DefaultFanOut is the number of layers (or merges) one merge covers.
 const DefaultFanOut = 32
 
@@ -47,10 +50,11 @@ type mergeSet struct {
 	known   map[string]map[int]bool // top layer id -> sizes of the merges it tops
 	pending map[string]bool         // merge names queued for the worker
 
-	build  sync.Mutex // one merge is built at a time, by the worker or by a waiting Mounts
-	jobs   chan mergeJob
-	done   chan struct{}
-	closed sync.Once
+	build   sync.Mutex // one merge is built at a time, by the worker or by a waiting Mounts
+	jobs    chan mergeJob
+	done    chan struct{}
+	closed  sync.Once
+	working sync.WaitGroup
 }
 
 // mergeJob is one merge to build: the ids of the layers it covers, top first.
@@ -65,6 +69,7 @@ func newMergeSet(dir string, fanOut int) *mergeSet {
 		jobs:    make(chan mergeJob, 1024),
 		done:    make(chan struct{}),
 	}
+	m.working.Add(1)
 	go m.work()
 	return m
 }
@@ -226,6 +231,7 @@ func (m *mergeSet) enqueue(job mergeJob) {
 }
 
 func (m *mergeSet) work() {
+	defer m.working.Done()
 	for {
 		select {
 		case <-m.done:
@@ -241,8 +247,16 @@ func (m *mergeSet) work() {
 	}
 }
 
+// close stops the worker, after the merge it may be building.
 func (m *mergeSet) close() {
 	m.closed.Do(func() { close(m.done) })
+	m.working.Wait()
+}
+
+// isMergeInProgress reports whether name is the temporary directory of a merge being built: Cleanup
+// must leave those alone while the snapshotter runs.
+func isMergeInProgress(name string) bool {
+	return strings.HasPrefix(name, mergingPrefix)
 }
 
 // ensure builds the merge of the layers in job (top first), and first the smaller merges it is
@@ -272,7 +286,7 @@ func (m *mergeSet) ensure(job mergeJob) error {
 	if m.has(job[0], count) {
 		return nil
 	}
-	tmp, err := os.MkdirTemp(m.dir, "merging-")
+	tmp, err := os.MkdirTemp(m.dir, mergingPrefix)
 	if err != nil {
 		return fmt.Errorf("merging layers: %w", err)
 	}

@@ -87,11 +87,11 @@ func New(ctx context.Context, root string, opts ...Opt) (*Snapshotter, error) {
 			return nil, err
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(root, "snapshots"), 0o700); err != nil {
-		return nil, fmt.Errorf("snapshotter root %s: %w", root, err)
-	}
 	if err := overlayutils.Supported(root); err != nil {
 		return nil, fmt.Errorf("snapshotter root %s cannot hold overlay layers: %w", root, err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "snapshots"), 0o700); err != nil {
+		return nil, fmt.Errorf("snapshotter root %s: %w", root, err)
 	}
 	ms, err := storage.NewMetaStore(filepath.Join(root, "metadata.db"))
 	if err != nil {
@@ -111,7 +111,7 @@ func New(ctx context.Context, root string, opts ...Opt) (*Snapshotter, error) {
 			return nil, err
 		}
 	}
-	if err := s.Cleanup(ctx); err != nil {
+	if err := s.cleanup(ctx, true); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("cleaning up %s: %w", root, err)
 	}
@@ -257,7 +257,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) (err error) {
 			return fmt.Errorf("removing snapshot %s: %w", key, err)
 		}
 		if !s.asyncClean {
-			removals, err = s.unreferencedDirs(ctx)
+			removals, err = s.unreferencedDirs(ctx, false)
 		}
 		return err
 	})
@@ -280,10 +280,15 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, filters .
 // Cleanup removes every directory no snapshot refers to: removed snapshots, merges whose top
 // layer is gone, and leftovers of a run killed mid-operation.
 func (s *Snapshotter) Cleanup(ctx context.Context) error {
+	return s.cleanup(ctx, false)
+}
+
+// cleanup removes unreferenced directories; at startup also merges a killed run left half-built.
+func (s *Snapshotter) cleanup(ctx context.Context, startup bool) error {
 	var dirs []string
 	// A write transaction keeps other writers out while the directory list is compared.
 	if err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
-		dirs, err = s.unreferencedDirs(ctx)
+		dirs, err = s.unreferencedDirs(ctx, startup)
 		return err
 	}); err != nil {
 		return err
@@ -295,7 +300,7 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-func (s *Snapshotter) unreferencedDirs(ctx context.Context) ([]string, error) {
+func (s *Snapshotter) unreferencedDirs(ctx context.Context, startup bool) ([]string, error) {
 	ids, err := storage.IDMap(ctx)
 	if err != nil && !errdefs.IsNotFound(err) { // not found: no snapshot was ever made
 		return nil, err
@@ -309,6 +314,9 @@ func (s *Snapshotter) unreferencedDirs(ctx context.Context) ([]string, error) {
 	for _, e := range entries {
 		name := e.Name()
 		if _, ok := ids[name]; ok {
+			continue
+		}
+		if !startup && isMergeInProgress(name) {
 			continue
 		}
 		if top, _, ok := parseMergeName(name); ok {

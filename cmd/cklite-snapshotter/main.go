@@ -1,9 +1,6 @@
-// Command cklite-snapshotter serves cklite's overlay snapshotter to containerd as a proxy
-// snapshotter. Register it in containerd's config (contrib/containerd/cklite.toml):
-//
-//	[proxy_plugins.cklite]
-//	  type = "snapshot"
-//	  address = "/run/cklite/snapshotter.sock"
+// Command cklite-snapshotter serves cklite's overlay snapshotter, and the differ that diffs its
+// snapshots in O(changes), to containerd as proxy plugins on one socket; contrib/containerd/
+// cklite.toml registers both.
 package main
 
 import (
@@ -15,12 +12,14 @@ import (
 	"syscall"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/snapshotservice"
 	"github.com/containerd/log"
 	"google.golang.org/grpc"
 
 	"github.com/cklite/cklite/pkg/config"
 	"github.com/cklite/cklite/snapshotter"
+	"github.com/cklite/cklite/snapshotter/diff"
 	"github.com/cklite/cklite/snapshotter/server"
 )
 
@@ -35,6 +34,7 @@ func run() error {
 	configPath := flag.String("config", config.DefaultSnapshotterConfig, "TOML configuration file")
 	address := flag.String("address", "", "unix socket to serve on (default "+config.DefaultSnapshotterAddress+")")
 	root := flag.String("root", "", "directory of layers and metadata (default "+config.DefaultSnapshotterRoot+")")
+	containerdAddress := flag.String("containerd-address", "", "containerd's socket, where the diff service writes diffs (default "+config.DefaultContainerdAddress+")")
 	logLevel := flag.String("log-level", "", "trace, debug, info, warn or error (default info)")
 	dedup := flag.Bool("dedup", false, "share storage between identical files of frozen layers")
 	flag.Parse()
@@ -53,6 +53,8 @@ func run() error {
 			cfg.Address = *address
 		case "root":
 			cfg.Root = *root
+		case "containerd-address":
+			cfg.ContainerdAddress = *containerdAddress
 		case "log-level":
 			cfg.LogLevel = *logLevel
 		case "dedup":
@@ -87,8 +89,16 @@ func run() error {
 		return err
 	}
 
+	// The connection to containerd is made on first use: containerd may start after this.
+	ctrd, err := client.New(cfg.ContainerdAddress)
+	if err != nil {
+		return fmt.Errorf("containerd client for %s: %w", cfg.ContainerdAddress, err)
+	}
+	defer ctrd.Close()
+
 	rpc := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(rpc, snapshotservice.FromSnapshotter(sn))
+	diff.Register(rpc, diff.New(cfg.Root, ctrd.ContentStore(), diff.WithLeases(ctrd.LeasesService())))
 	go func() {
 		<-ctx.Done()
 		rpc.GracefulStop()

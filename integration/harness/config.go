@@ -63,9 +63,15 @@ imports = []
       snapshotter = 'cklite'
       differ = 'walking'
 
+  [plugins.'io.containerd.service.v1.diff-service']
+    default = ['cklite-diff', 'walking']
+
 [proxy_plugins]
   [proxy_plugins.cklite]
     type = 'snapshot'
+    address = %[1]q
+  [proxy_plugins.cklite-diff]
+    type = 'diff'
     address = %[1]q
 `, d.SnapshotterAddress, runtime.GOARCH)
 	}

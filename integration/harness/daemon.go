@@ -171,7 +171,8 @@ func (d *Daemon) startSnapshotter() error {
 	d.SnapshotterAddress = filepath.Join(d.Dir, "cklite-snapshotter.sock")
 	p, err := startProc("cklite-snapshotter", filepath.Join(d.Dir, "cklite-snapshotter.log"), d.env(),
 		filepath.Join(d.stack.ProjectBin, "cklite-snapshotter"),
-		"--address", d.SnapshotterAddress, "--root", filepath.Join(d.Dir, "cklite-snapshotter"))
+		"--address", d.SnapshotterAddress, "--root", filepath.Join(d.Dir, "cklite-snapshotter"),
+		"--containerd-address", d.Address, "--log-level", "debug")
 	if err != nil {
 		return err
 	}
