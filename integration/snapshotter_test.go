@@ -133,7 +133,7 @@ func (e *fsEnv) run(t *testing.T, c client.Container, script string) string {
 func (e *fsEnv) freeze(t *testing.T, key, name string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	if _, err := freeze.Freeze(e.ctx, e.sn, nil, key, name, nil); err != nil {
+	if err := freeze.Freeze(e.ctx, e.sn, nil, key, name, nil); err != nil {
 		t.Fatal(err)
 	}
 	return time.Since(start)
@@ -305,11 +305,11 @@ func TestFrozenLayerGC(t *testing.T) {
 	ctx := e.d.Context(context.Background())
 	c := e.container(t, "gc", "gc-rootfs", "image")
 	e.run(t, c, "echo a > /a")
-	if _, err := freeze.Freeze(ctx, e.sn, e.d.Client().LeasesService(), "gc-rootfs", "kept", map[string]string{"containerd.io/gc.root": "test"}); err != nil {
+	if err := freeze.Freeze(ctx, e.sn, e.d.Client().LeasesService(), "gc-rootfs", "kept", map[string]string{"containerd.io/gc.root": "test"}); err != nil {
 		t.Fatal(err)
 	}
 	e.run(t, c, "echo b > /b")
-	if _, err := freeze.Freeze(ctx, e.sn, e.d.Client().LeasesService(), "gc-rootfs", "released", nil); err != nil {
+	if err := freeze.Freeze(ctx, e.sn, e.d.Client().LeasesService(), "gc-rootfs", "released", nil); err != nil {
 		t.Fatal(err)
 	}
 	before := backendDirs(t, e.d)
@@ -386,15 +386,15 @@ func TestFreezeBadInput(t *testing.T) {
 		wantMsg string
 	}{
 		{"freeze a committed snapshot", func() error {
-			_, err := freeze.Freeze(e.ctx, e.sn, nil, "bad-frozen", "x", nil)
+			err := freeze.Freeze(e.ctx, e.sn, nil, "bad-frozen", "x", nil)
 			return err
 		}, errdefs.IsFailedPrecondition, "only an active one"},
 		{"freeze an unknown snapshot", func() error {
-			_, err := freeze.Freeze(e.ctx, e.sn, nil, "no-such-key", "x", nil)
+			err := freeze.Freeze(e.ctx, e.sn, nil, "no-such-key", "x", nil)
 			return err
 		}, errdefs.IsNotFound, "no-such-key"},
 		{"freeze onto a name that exists", func() error {
-			_, err := freeze.Freeze(e.ctx, e.sn, nil, "bad-rootfs", "bad-frozen", nil)
+			err := freeze.Freeze(e.ctx, e.sn, nil, "bad-rootfs", "bad-frozen", nil)
 			return err
 		}, errdefs.IsAlreadyExists, "bad-frozen"},
 		{"prepare on a missing parent", func() error {
@@ -419,7 +419,7 @@ func TestFreezeBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer task.Delete(e.ctx, client.WithProcessKill) //nolint:errcheck
-		_, err = freeze.Freeze(e.ctx, e.sn, nil, "bad-rootfs", "while-mounted", nil)
+		err = freeze.Freeze(e.ctx, e.sn, nil, "bad-rootfs", "while-mounted", nil)
 		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "still mounted") {
 			t.Fatalf("got %v, want a refusal naming the mount", err)
 		}

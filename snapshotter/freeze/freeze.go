@@ -33,21 +33,21 @@ const leaseExpiry = 10 * time.Minute
 // on name: e.g. a containerd.io/gc.root label, or the gc.ref labels of a checkpoint record, keep
 // it once the container moves on. lm makes the lease that protects the freeze; it may be nil when
 // ctx already carries a lease.
-func Freeze(ctx context.Context, sn snapshots.Snapshotter, lm leases.Manager, key, name string, labels map[string]string) (snapshots.Info, error) {
+func Freeze(ctx context.Context, sn snapshots.Snapshotter, lm leases.Manager, key, name string, labels map[string]string) error {
 	info, err := sn.Stat(ctx, key)
 	if err != nil {
-		return snapshots.Info{}, fmt.Errorf("freezing %s: %w", key, err)
+		return fmt.Errorf("freezing %s: %w", key, err)
 	}
 	if info.Kind != snapshots.KindActive {
-		return snapshots.Info{}, fmt.Errorf("freezing %s: it is a %s snapshot, only an active one can be frozen: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("freezing %s: it is a %s snapshot, only an active one can be frozen: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
 	}
 	if _, ok := leases.FromContext(ctx); !ok {
 		if lm == nil {
-			return snapshots.Info{}, fmt.Errorf("freezing %s: no lease in the context and no lease manager: %w", key, errdefs.ErrInvalidArgument)
+			return fmt.Errorf("freezing %s: no lease in the context and no lease manager: %w", key, errdefs.ErrInvalidArgument)
 		}
 		lease, err := lm.Create(ctx, leases.WithRandomID(), leases.WithExpiration(leaseExpiry))
 		if err != nil {
-			return snapshots.Info{}, fmt.Errorf("freezing %s: %w", key, err)
+			return fmt.Errorf("freezing %s: %w", key, err)
 		}
 		// Deleting the lease only drops its protection: by then the container refers to key, and
 		// key to name, or the caller's labels keep name.
@@ -55,12 +55,12 @@ func Freeze(ctx context.Context, sn snapshots.Snapshotter, lm leases.Manager, ke
 		ctx = leases.WithLease(ctx, lease.ID)
 	}
 	if err := sn.Commit(ctx, name, key, snapshots.WithLabels(labels)); err != nil {
-		return snapshots.Info{}, fmt.Errorf("freezing %s as %s: %w", key, name, err)
+		return fmt.Errorf("freezing %s as %s: %w", key, name, err)
 	}
 	if _, err := sn.Prepare(ctx, key, name, snapshots.WithLabels(info.Labels)); err != nil {
 		// The files are safe in name; only the container's snapshot is missing until a Prepare
 		// of key on name succeeds.
-		return snapshots.Info{}, fmt.Errorf("froze %s as %s, but preparing %s again on it failed (retry: prepare %s on %s): %w", key, name, key, key, name, err)
+		return fmt.Errorf("froze %s as %s, but preparing %s again on it failed (retry: prepare %s on %s): %w", key, name, key, key, name, err)
 	}
-	return sn.Stat(ctx, name)
+	return nil
 }
