@@ -185,6 +185,11 @@ rm -rf /usr && mkdir /usr
 	}
 	t.Logf("freeze 2: %s", e.freeze(t, "original-rootfs", "freeze-2"))
 
+	// containerd's metadata knows the frozen layers: ctr shows the chain.
+	tree := ctr(t, e.d, "snapshots", "--snapshotter", ckliteSnapshotter, "tree")
+	if i1, i2, ik := strings.Index(tree, "freeze-1"), strings.Index(tree, "freeze-2"), strings.Index(tree, "original-rootfs"); i1 < 0 || i2 < i1 || ik < i2 {
+		t.Fatalf("ctr snapshots tree does not show image -> freeze-1 -> freeze-2 -> original-rootfs:\n%s", tree)
+	}
 	if got := e.run(t, c, listRootfs); got != state2 {
 		t.Fatalf("after freeze 2 the original container sees another tree:\n%s", diffLines(state2, got))
 	}
