@@ -40,6 +40,7 @@ func TestSnapshotterCrash(t *testing.T) {
 		stop := make(chan struct{})
 		done := make(chan error, 1)
 		go func() { done <- freezeLoop(ctx, sn, round, &parent, &committed, stop) }()
+		// Not a wait for anything: a random point in the loop to kill the snapshotter at.
 		time.Sleep(time.Duration(10+rand.IntN(90)) * time.Millisecond)
 		if err := d.RestartSnapshotter(true); err != nil {
 			t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -66,7 +65,7 @@ func BenchmarkFreeze(b *testing.B) {
 				var took []time.Duration
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
-					upper := activeUpper(b, sn, "k")
+					upper := upperOf(b, sn, "k")
 					for j, f := range pool[:size] {
 						if err := os.Link(f, filepath.Join(upper, fmt.Sprintf("i%d-%d", i, j))); err != nil {
 							b.Fatal(err)
@@ -87,20 +86,6 @@ func BenchmarkFreeze(b *testing.B) {
 			})
 		}
 	}
-}
-
-// activeUpper finds the directory an active snapshot writes to, for either implementation.
-func activeUpper(b *testing.B, sn snapshots.Snapshotter, key string) string {
-	mounts, err := sn.Mounts(context.Background(), key)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, o := range mounts[0].Options {
-		if v, ok := strings.CutPrefix(o, "upperdir="); ok {
-			return v
-		}
-	}
-	return mounts[0].Source
 }
 
 func reportP50(b *testing.B, took []time.Duration) {
@@ -124,7 +109,7 @@ func BenchmarkMount(b *testing.B) {
 				if _, err := s.Prepare(ctx, key, parent); err != nil {
 					b.Fatal(err)
 				}
-				if err := os.WriteFile(filepath.Join(activeUpper(b, s, key), name), []byte(name), 0o644); err != nil {
+				if err := os.WriteFile(filepath.Join(upperOf(b, s, key), name), []byte(name), 0o644); err != nil {
 					b.Fatal(err)
 				}
 				if err := s.Commit(ctx, name, key); err != nil {
@@ -203,7 +188,7 @@ func BenchmarkDiskUsage(b *testing.B) {
 				buf := make([]byte, mib)
 				for i := range 1024 {
 					rand.Read(buf)
-					if err := os.WriteFile(filepath.Join(activeUpper(b, s, "base"), fmt.Sprintf("base-%d", i)), buf, 0o644); err != nil {
+					if err := os.WriteFile(filepath.Join(upperOf(b, s, "base"), fmt.Sprintf("base-%d", i)), buf, 0o644); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -215,7 +200,7 @@ func BenchmarkDiskUsage(b *testing.B) {
 				}
 				archived := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 				for i := range 100 {
-					dst := filepath.Join(activeUpper(b, s, "k"), fmt.Sprintf("pkg-%d", i%7))
+					dst := filepath.Join(upperOf(b, s, "k"), fmt.Sprintf("pkg-%d", i%7))
 					data, err := os.ReadFile(payloads[i%len(payloads)])
 					if err == nil {
 						err = os.WriteFile(dst, data, 0o644)

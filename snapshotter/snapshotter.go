@@ -253,9 +253,13 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 func (s *Snapshotter) Remove(ctx context.Context, key string) (err error) {
 	var removals []string
 	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
-		if _, _, err := storage.Remove(ctx, key); err != nil {
+		id, _, err := storage.Remove(ctx, key)
+		if err != nil {
 			return fmt.Errorf("removing snapshot %s: %w", key, err)
 		}
+		s.usageMu.Lock()
+		delete(s.usage, id)
+		s.usageMu.Unlock()
 		if !s.asyncClean {
 			removals, err = s.unreferencedDirs(ctx, false)
 		}

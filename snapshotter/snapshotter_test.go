@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/continuity/fs/fstest"
 	"golang.org/x/sys/unix"
 )
@@ -60,10 +61,11 @@ func TestCommitKeepsTheUpper(t *testing.T) {
 	}
 }
 
-// upperOf is the directory an active snapshot's mounts write to.
-func upperOf(t *testing.T, s *Snapshotter, key string) string {
+// upperOf is the directory an active snapshot's mounts write to, for cklite or containerd's
+// overlayfs snapshotter alike.
+func upperOf(t testing.TB, sn snapshots.Snapshotter, key string) string {
 	t.Helper()
-	mounts, err := s.Mounts(context.Background(), key)
+	mounts, err := sn.Mounts(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
