@@ -150,7 +150,8 @@ func BenchmarkMount(b *testing.B) {
 }
 
 // chainOf returns the layer ids below the active snapshot key, top first.
-func chainOf(b *testing.B, s *Snapshotter, key string) []string {
+func chainOf(tb testing.TB, s *Snapshotter, key string) []string {
+	tb.Helper()
 	var ids []string
 	err := s.ms.WithTransaction(context.Background(), false, func(ctx context.Context) error {
 		snap, err := storage.GetSnapshot(ctx, key)
@@ -158,7 +159,7 @@ func chainOf(b *testing.B, s *Snapshotter, key string) []string {
 		return err
 	})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return ids
 }

@@ -419,7 +419,7 @@ func prepareDirectory(dir string, kind snapshots.Kind) (string, error) {
 }
 
 // mounts returns the mounts of an active or view snapshot: a bind mount of its own directory
-// when it has no parent, a bind mount of the parent for a view of a single layer, otherwise
+// when it has no parent, a bind mount for a view of a single (possibly merged) layer, otherwise
 // overlay with the parent chain as lower layers (merged where the chain is deep, see merge.go).
 func (s *Snapshotter) mounts(ctx context.Context, snap storage.Snapshot) ([]mount.Mount, error) {
 	if len(snap.ParentIDs) == 0 {
@@ -429,12 +429,14 @@ func (s *Snapshotter) mounts(ctx context.Context, snap storage.Snapshot) ([]moun
 		}
 		return []mount.Mount{{Type: "bind", Source: s.upperPath(snap.ID), Options: []string{mode, "rbind"}}}, nil
 	}
-	if snap.Kind == snapshots.KindView && len(snap.ParentIDs) == 1 {
-		return []mount.Mount{{Type: "bind", Source: s.upperPath(snap.ParentIDs[0]), Options: []string{"ro", "rbind"}}}, nil
-	}
 	lowers, err := s.merges.lowerDirs(ctx, snap.ParentIDs)
 	if err != nil {
 		return nil, err
+	}
+	if snap.Kind == snapshots.KindView && len(lowers) == 1 {
+		// Without an upper, overlayfs wants two lower dirs: a view of one layer, or of a chain
+		// that one merge stands for, is a read-only bind mount of that directory.
+		return []mount.Mount{{Type: "bind", Source: lowers[0], Options: []string{"ro", "rbind"}}}, nil
 	}
 	var options []string
 	if snap.Kind == snapshots.KindActive {

@@ -192,7 +192,12 @@ func TestApplyLayer(t *testing.T) {
 				parent = commitThroughOverlay(t, s, parent, fmt.Sprintf("layer-%d", i), layer)
 			}
 			// The chain is base + layers; merging the layers alone stays inside it.
-			chain := chainIDs(t, s, parent)
+			if _, err := s.View(context.Background(), "chain-of-"+parent, parent); err != nil {
+				t.Fatal(err)
+			}
+			// From the metadata, not from the mount options: a background merge may already
+			// stand in for the chain there.
+			chain := chainOf(t, s, "chain-of-"+parent)
 			var stackedDirs []string // top first
 			for _, id := range chain {
 				stackedDirs = append(stackedDirs, s.upperPath(id))
@@ -228,34 +233,42 @@ func commitThroughOverlay(t *testing.T, s *Snapshotter, parent, name string, a f
 	return name
 }
 
-// chainIDs returns the layer ids of the committed snapshot name and its parents, top first.
-func chainIDs(t *testing.T, s *Snapshotter, name string) []string {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := s.View(ctx, "chain-of-"+name, name); err != nil {
-		t.Fatal(err)
-	}
-	mounts, err := s.Mounts(ctx, "chain-of-"+name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for _, o := range mounts[0].Options {
-		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
-			for _, dir := range strings.Split(v, ":") {
-				ids = append(ids, filepath.Base(filepath.Dir(dir)))
-			}
-		}
-	}
-	return ids
-}
-
 func layerDirs(s *Snapshotter, ids []string) []string {
 	var dirs []string // bottom first
 	for i := len(ids) - 1; i >= 0; i-- {
 		dirs = append(dirs, s.upperPath(ids[i]))
 	}
 	return dirs
+}
+
+// TestViewOfMergedChain: once one merge stands for a view's whole chain, the view still mounts
+// (overlayfs refuses a single lower dir without an upper) and shows the chain's files.
+func TestViewOfMergedChain(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	s := newTestSnapshotter(t, WithMergeFanOut(2))
+	parent := commitThroughOverlay(t, s, "", "base", fstest.CreateFile("/f", []byte("base"), 0o644))
+	parent = commitThroughOverlay(t, s, parent, "top", fstest.CreateFile("/f", []byte("top"), 0o644))
+	if _, err := s.View(ctx, "view", parent); err != nil {
+		t.Fatal(err)
+	}
+	chain := chainOf(t, s, "view")
+	if err := s.merges.ensure(mergeJob(chain)); err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := s.Mounts(ctx, "view")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mounts[0].Source != s.merges.mergePath(chain[0], len(chain)) {
+		t.Fatalf("the view does not use the merge: %+v", mounts)
+	}
+	err = mount.WithReadonlyTempMount(ctx, mounts, func(root string) error {
+		return fstest.CheckDirectoryEqualWithApplier(root, fstest.CreateFile("/f", []byte("top"), 0o644))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // mountLowers mounts a read-only overlay of lowers (top first) and returns where.
