@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
 )
 
@@ -47,13 +48,32 @@ imports = []
 `, d.Root, d.State, filepath.Join(d.Dir, "tmp"), d.Address, d.Address+".ttrpc", level,
 		d.HostsDir, d.stack.CNIBin, filepath.Join(d.Dir, "cni", "net.d"), CkliteRuntime)
 	if d.SnapshotterAddress != "" {
+		// The transfer service (ctr pull, ctr images import) unpacks only into the snapshotters
+		// its unpack_config lists; naming cklite replaces the default list, so overlayfs is
+		// listed again.
 		fmt.Fprintf(&b, `      snapshotter = 'cklite'
+
+  [plugins.'io.containerd.transfer.v1.local']
+    [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+      platform = 'linux/%[2]s'
+      snapshotter = 'overlayfs'
+      differ = 'walking'
+    [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+      platform = 'linux/%[2]s'
+      snapshotter = 'cklite'
+      differ = 'walking'
+
+  [plugins.'io.containerd.service.v1.diff-service']
+    default = ['cklite-diff', 'walking']
 
 [proxy_plugins]
   [proxy_plugins.cklite]
     type = 'snapshot'
-    address = %q
-`, d.SnapshotterAddress)
+    address = %[1]q
+  [proxy_plugins.cklite-diff]
+    type = 'diff'
+    address = %[1]q
+`, d.SnapshotterAddress, runtime.GOARCH)
 	}
 	return b.String()
 }

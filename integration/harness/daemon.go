@@ -171,7 +171,8 @@ func (d *Daemon) startSnapshotter() error {
 	d.SnapshotterAddress = filepath.Join(d.Dir, "cklite-snapshotter.sock")
 	p, err := startProc("cklite-snapshotter", filepath.Join(d.Dir, "cklite-snapshotter.log"), d.env(),
 		filepath.Join(d.stack.ProjectBin, "cklite-snapshotter"),
-		"--address", d.SnapshotterAddress, "--root", filepath.Join(d.Dir, "cklite-snapshotter"))
+		"--address", d.SnapshotterAddress, "--root", filepath.Join(d.Dir, "cklite-snapshotter"),
+		"--containerd-address", d.Address, "--log-level", "debug")
 	if err != nil {
 		return err
 	}
@@ -183,6 +184,23 @@ func (d *Daemon) startSnapshotter() error {
 		}
 		return conn.Close()
 	})
+}
+
+// RestartSnapshotter stops cklite-snapshotter — with SIGKILL at once when kill is set, to play a
+// crash at whatever it was doing — and starts it again on the same socket and root.
+func (d *Daemon) RestartSnapshotter(kill bool) error {
+	if d.snapshotter == nil {
+		return fmt.Errorf("cklite-snapshotter is not running: start the daemon with Config{CkliteSnapshotter: true}")
+	}
+	if kill {
+		if err := d.snapshotter.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			return err
+		}
+		<-d.snapshotter.done
+	} else if err := d.snapshotter.stop(10 * time.Second); err != nil {
+		return err
+	}
+	return d.startSnapshotter()
 }
 
 // env is the environment of containerd and of the CLIs run against it.

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -31,7 +33,7 @@ func startProc(name, logPath string, env []string, bin string, args ...string) (
 	// Its own process group keeps a Ctrl-C of the test run from reaching it before the harness
 	// tears it down in order; the death signal stops it if the test binary is killed outright.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startOnSpawnThread(cmd); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
@@ -42,6 +44,27 @@ func startProc(name, logPath string, env []string, bin string, args ...string) (
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// spawnThread is one OS thread that never exits, for starting processes with a death signal: the
+// kernel sends Pdeathsig when the *thread* that forked the child exits, and the Go runtime ends a
+// thread whenever a goroutine locked to it returns (containerd's mount code does that for long
+// overlay options), which killed containerd in the middle of tests.
+var spawnThread = sync.OnceValue(func() chan<- func() {
+	requests := make(chan func())
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread lives as long as the test binary
+		for f := range requests {
+			f()
+		}
+	}()
+	return requests
+})
+
+func startOnSpawnThread(cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	spawnThread() <- func() { errc <- cmd.Start() }
+	return <-errc
 }
 
 // waitReady polls ready until it succeeds, the process exits, or timeout passes; failures quote

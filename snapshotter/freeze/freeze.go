@@ -1,0 +1,66 @@
+// Package freeze is the client side of cklite's checkpoint primitive: it turns the active snapshot
+// of a container into an immutable layer and stacks a fresh, empty active snapshot with the same
+// key on it.
+//
+// The protocol is two calls of containerd's own snapshot API, made through containerd (its
+// metadata must know the frozen layer, or its garbage collector deletes it from the backend):
+//
+//	Commit(name, key)  the upper directory of key becomes the committed layer name: with the cklite
+//	                   snapshotter an O(1) metadata change, no file is walked or copied;
+//	Prepare(key, name) key exists again, active, empty, with its old labels, on top of name.
+//
+// The container keeps referring to key, so it needs no update; its next mount of key shows the
+// same files, with name as the top lower layer. Both calls run under a lease: between them
+// nothing else refers to name. The cklite snapshotter refuses the Commit while key's upper is
+// mounted (a running task would keep writing into the frozen layer): stop the task, or let the
+// shim checkpoint it, which unmounts around the freeze.
+package freeze
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+)
+
+// leaseExpiry bounds how long the layers of a freeze whose caller died stay protected.
+const leaseExpiry = 10 * time.Minute
+
+// Freeze commits the active snapshot key of sn as name and prepares key again on name. labels go
+// on name: e.g. a containerd.io/gc.root label, or the gc.ref labels of a checkpoint record, keep
+// it once the container moves on. lm makes the lease that protects the freeze; it may be nil when
+// ctx already carries a lease.
+func Freeze(ctx context.Context, sn snapshots.Snapshotter, lm leases.Manager, key, name string, labels map[string]string) error {
+	info, err := sn.Stat(ctx, key)
+	if err != nil {
+		return fmt.Errorf("freezing %s: %w", key, err)
+	}
+	if info.Kind != snapshots.KindActive {
+		return fmt.Errorf("freezing %s: it is a %s snapshot, only an active one can be frozen: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
+	}
+	if _, ok := leases.FromContext(ctx); !ok {
+		if lm == nil {
+			return fmt.Errorf("freezing %s: no lease in the context and no lease manager: %w", key, errdefs.ErrInvalidArgument)
+		}
+		lease, err := lm.Create(ctx, leases.WithRandomID(), leases.WithExpiration(leaseExpiry))
+		if err != nil {
+			return fmt.Errorf("freezing %s: %w", key, err)
+		}
+		// Deleting the lease only drops its protection: by then the container refers to key, and
+		// key to name, or the caller's labels keep name.
+		defer lm.Delete(context.WithoutCancel(ctx), lease) //nolint:errcheck
+		ctx = leases.WithLease(ctx, lease.ID)
+	}
+	if err := sn.Commit(ctx, name, key, snapshots.WithLabels(labels)); err != nil {
+		return fmt.Errorf("freezing %s as %s: %w", key, name, err)
+	}
+	if _, err := sn.Prepare(ctx, key, name, snapshots.WithLabels(info.Labels)); err != nil {
+		// The files are safe in name; only the container's snapshot is missing until a Prepare
+		// of key on name succeeds.
+		return fmt.Errorf("froze %s as %s, but preparing %s again on it failed (retry: prepare %s on %s): %w", key, name, key, key, name, err)
+	}
+	return nil
+}
