@@ -41,6 +41,9 @@ func hasFlag(args []string, flag, value string) bool {
 type Memory struct {
 	RSS  uint64 // VmRSS: now
 	Peak uint64 // VmHWM: the high-water mark over the process's life
+	// Anon is RssAnon: the part of RSS that is the process's own. The rest is mostly pages of the
+	// shim binary and its libraries, which every shim of the same runtime shares.
+	Anon uint64
 }
 
 // ReadMemory reads pid's resident memory from /proc/PID/status.
@@ -59,6 +62,8 @@ func ReadMemory(pid int) (Memory, error) {
 			dst = &m.RSS
 		case "VmHWM":
 			dst = &m.Peak
+		case "RssAnon":
+			dst = &m.Anon
 		default:
 			continue
 		}
@@ -69,8 +74,8 @@ func ReadMemory(pid int) (Memory, error) {
 		*dst = kb * 1024
 		found++
 	}
-	if found != 2 {
-		return Memory{}, fmt.Errorf("/proc/%d/status has no VmRSS and VmHWM (a zombie?)", pid)
+	if found != 3 {
+		return Memory{}, fmt.Errorf("/proc/%d/status has no VmRSS, VmHWM and RssAnon (a zombie?)", pid)
 	}
 	return m, nil
 }
