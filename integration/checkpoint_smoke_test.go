@@ -1,0 +1,86 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+
+	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/integration/workload"
+	"github.com/cklite/cklite/pkg/checkpoint"
+)
+
+// TestCheckpointLeaveRunningRollback: a Go-client checkpoint of a cklite task captures memory and
+// filesystem, leaves the task running, and a restore rolls both back.
+func TestCheckpointLeaveRunningRollback(t *testing.T) {
+	e := newFSEnv(t)
+	ctx := e.ctx
+	c, err := e.d.Client().NewContainer(ctx, "ck", client.WithSnapshotter(ckliteSnapshotter),
+		client.WithNewSnapshot("ck-rootfs", e.img), client.WithRuntime(harness.CkliteRuntime, nil),
+		client.WithNewSpec(oci.WithImageConfig(e.img), oci.WithProcessArgs("sh", "-c", workload.CounterScript)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Delete(context.WithoutCancel(ctx), client.WithSnapshotCleanup)
+	task, err := c.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	counter := workload.Counter{Rootfs: e.d.RootfsPath("ck")}
+	at, err := counter.Advance(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfs := e.d.RootfsPath("ck")
+	if err := os.WriteFile(filepath.Join(rootfs, "before"), []byte("b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	start := time.Now()
+	if _, err := task.Checkpoint(ctx, client.WithCheckpointImagePath(dir)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint (leave running) took %s", time.Since(start))
+	meta, err := checkpoint.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint %+v", meta)
+	if err := counter.ExpectRestored(ctx, at); err != nil {
+		t.Fatalf("after a leave-running checkpoint: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "after"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := task.Delete(ctx, client.WithProcessKill); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	task, err = c.NewTask(ctx, cio.NullIO, client.WithRestoreImagePath(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rollback took %s", time.Since(start))
+	defer task.Delete(context.WithoutCancel(ctx), client.WithProcessKill)
+	if err := counter.ExpectRestored(ctx, at); err != nil {
+		t.Fatalf("after rollback: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "after")); !os.IsNotExist(err) {
+		t.Fatalf("a file written after the checkpoint survived the rollback: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "before")); err != nil {
+		t.Fatalf("a file written before the checkpoint is gone after the rollback: %v", err)
+	}
+}
