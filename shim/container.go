@@ -31,7 +31,7 @@ type container struct {
 	spec       *specs.Spec
 	cfgOpts    runtime.ConfigOptions
 	stateRoot  string
-	sharedPid  bool   // no private PID namespace: init's exit does not take the others along
+	sharedPid  bool // no private PID namespace: init's exit does not take the others along
 	cgroup     *runtime.Cgroup
 
 	checkpointMu sync.Mutex // one checkpoint at a time
