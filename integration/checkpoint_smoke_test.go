@@ -84,3 +84,63 @@ func TestCheckpointLeaveRunningRollback(t *testing.T) {
 		t.Fatalf("a file written before the checkpoint is gone after the rollback: %v", err)
 	}
 }
+
+// TestCheckpointForkWhileRunning: three new containers restored from one checkpoint run at once
+// next to the original, each on its own upper over the shared frozen layer.
+func TestCheckpointForkWhileRunning(t *testing.T) {
+	e := newFSEnv(t)
+	ctx := e.ctx
+	newCounter := func(id string, opts ...client.NewTaskOpts) (client.Task, workload.Counter) {
+		c, err := e.d.Client().NewContainer(ctx, id, client.WithSnapshotter(ckliteSnapshotter),
+			client.WithNewSnapshot(id+"-rootfs", e.img), client.WithRuntime(harness.CkliteRuntime, nil),
+			client.WithNewSpec(oci.WithImageConfig(e.img), oci.WithProcessArgs("sh", "-c", workload.CounterScript)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Delete(context.WithoutCancel(ctx), client.WithSnapshotCleanup) })
+		task, err := c.NewTask(ctx, cio.NullIO, opts...)
+		if err != nil {
+			t.Fatalf("creating %s: %v", id, err)
+		}
+		t.Cleanup(func() { task.Delete(context.WithoutCancel(ctx), client.WithProcessKill) })
+		if err := task.Start(ctx); err != nil {
+			t.Fatalf("starting %s: %v", id, err)
+		}
+		return task, workload.Counter{Rootfs: e.d.RootfsPath(id)}
+	}
+	task, counter := newCounter("orig")
+	at, err := counter.Advance(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := task.Checkpoint(ctx, client.WithCheckpointImagePath(dir)); err != nil {
+		t.Fatal(err)
+	}
+	var forks []workload.Counter
+	for _, id := range []string{"fork-1", "fork-2", "fork-3"} {
+		start := time.Now()
+		_, fc := newCounter(id, client.WithRestoreImagePath(dir))
+		t.Logf("%s restored in %s", id, time.Since(start))
+		forks = append(forks, fc)
+	}
+	for i, fc := range forks {
+		if err := fc.ExpectRestored(ctx, at); err != nil {
+			t.Fatalf("fork %d: %v", i+1, err)
+		}
+		if err := os.WriteFile(filepath.Join(fc.Rootfs, "mine"), []byte(fc.Rootfs), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, fc := range forks {
+		if got, err := os.ReadFile(filepath.Join(fc.Rootfs, "mine")); err != nil || string(got) != fc.Rootfs {
+			t.Fatalf("fork %d sees %q (%v), not its own write", i+1, got, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(counter.Rootfs, "mine")); !os.IsNotExist(err) {
+		t.Fatalf("the original sees a fork's write: %v", err)
+	}
+	if err := counter.ExpectRestored(ctx, at); err != nil {
+		t.Fatalf("the original after the forks: %v", err)
+	}
+}
