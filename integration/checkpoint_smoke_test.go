@@ -144,3 +144,40 @@ func TestCheckpointForkWhileRunning(t *testing.T) {
 		t.Fatalf("the original after the forks: %v", err)
 	}
 }
+
+// TestCheckpointNerdctl: nerdctl checkpoint create leaves a cklite task running; nerdctl start
+// --checkpoint rolls memory and filesystem back.
+func TestCheckpointNerdctl(t *testing.T) {
+	d := startDaemon(t, harness.Config{CkliteSnapshotter: true})
+	if err := d.Import(context.Background(), busybox); err != nil {
+		t.Fatal(err)
+	}
+	nerdctl(t, d, "--snapshotter", ckliteSnapshotter, "run", "-d", "--net", "none", "--runtime", harness.CkliteRuntime,
+		"--name", "nc", busybox.Name, "sh", "-c", workload.CounterScript)
+	id := inspect(t, d, "nc", "{{.ID}}")
+	counter := workload.Counter{Rootfs: d.RootfsPath(id)}
+	ctx := context.Background()
+	at, err := counter.Advance(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	nerdctl(t, d, "checkpoint", "create", "nc", "ck1")
+	t.Logf("nerdctl checkpoint create: %s", time.Since(start))
+	if err := counter.ExpectRestored(ctx, at); err != nil {
+		t.Fatalf("after nerdctl checkpoint create: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(counter.Rootfs, "after"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nerdctl(t, d, "stop", "-t", "0", "nc")
+	start = time.Now()
+	nerdctl(t, d, "start", "--checkpoint", "ck1", "nc")
+	t.Logf("nerdctl start --checkpoint: %s", time.Since(start))
+	if err := counter.ExpectRestored(ctx, at); err != nil {
+		t.Fatalf("after nerdctl start --checkpoint: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(counter.Rootfs, "after")); !os.IsNotExist(err) {
+		t.Fatalf("a file written after the checkpoint survived nerdctl start --checkpoint: %v", err)
+	}
+}
