@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -179,5 +180,53 @@ func TestCheckpointNerdctl(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(counter.Rootfs, "after")); !os.IsNotExist(err) {
 		t.Fatalf("a file written after the checkpoint survived nerdctl start --checkpoint: %v", err)
+	}
+}
+
+// TestCheckpointCtrContainers: ctr containers checkpoint --task --rw, then restore --live --rw
+// into a new name while the original runs (a fork), and into the original name.
+func TestCheckpointCtrContainers(t *testing.T) {
+	e := newFSEnv(t)
+	d := e.d
+	ctr(t, d, "run", "-d", "--snapshotter", ckliteSnapshotter, "--runtime", harness.CkliteRuntime, "--fifo-dir", d.FIFODir(),
+		busybox.Name, "cc", "sh", "-c", workload.CounterScript)
+	counter := workload.Counter{Rootfs: d.RootfsPath("cc")}
+	ctx := context.Background()
+	at, err := counter.Advance(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ctr(t, d, "containers", "checkpoint", "--task", "--rw", "cc", "ck/cc:1")
+	t.Logf("ctr containers checkpoint --task --rw: %s", time.Since(start))
+	if err := counter.ExpectRestored(ctx, at); err != nil {
+		t.Fatalf("after ctr containers checkpoint: %v", err)
+	}
+	start = time.Now()
+	ctr(t, d, "containers", "restore", "--live", "--rw", "cc-fork", "ck/cc:1")
+	t.Logf("ctr containers restore --live --rw NEWNAME: %s", time.Since(start))
+	fork := workload.Counter{Rootfs: d.RootfsPath("cc-fork")}
+	if err := fork.ExpectRestored(ctx, at); err != nil {
+		t.Fatalf("the fork: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(counter.Rootfs, "after"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctr(t, d, "tasks", "kill", "-s", "SIGKILL", "cc")
+	eventually(t, "cc's task to be deleted", func() error {
+		if r := ctrResult(t, d, "", "tasks", "delete", "cc"); r.code != 0 {
+			return fmt.Errorf("ctr tasks delete: %s", r.stderr)
+		}
+		return nil
+	})
+	ctr(t, d, "containers", "delete", "cc")
+	start = time.Now()
+	ctr(t, d, "containers", "restore", "--live", "--rw", "cc", "ck/cc:1")
+	t.Logf("ctr containers restore --live --rw (same name): %s", time.Since(start))
+	if err := counter.ExpectRestored(ctx, at); err != nil {
+		t.Fatalf("restored under the original name: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(counter.Rootfs, "after")); !os.IsNotExist(err) {
+		t.Fatalf("a file written after the checkpoint survived the restore: %v", err)
 	}
 }

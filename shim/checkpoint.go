@@ -303,30 +303,19 @@ func parentCheckpoint(ctx context.Context, sn snapshots.Snapshotter, key string)
 	return parent.Labels[checkpoint.LabelID], nil
 }
 
-// rootfsForRestore returns the mounts to restore checkpoint dir into: for a cklite checkpoint
-// with a filesystem, the container's snapshot is replaced by a fresh one on the checkpoint's
-// frozen layer; for a memory-only or a stock CRIU checkpoint, the container's current rootfs.
-func (s *service) rootfsForRestore(ctx context.Context, ns string, c *container, current []mount.Mount) ([]mount.Mount, error) {
-	meta, err := checkpoint.Read(c.checkpoint)
-	if errdefs.IsNotFound(err) {
-		return current, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	if !meta.Contents.HasFS() {
-		return current, nil
-	}
+// rootfsForRestore replaces container id's rootfs snapshot by a fresh one on the frozen layer of
+// checkpoint meta, and returns its mounts: what the container wrote since is discarded.
+func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta checkpoint.Meta) ([]mount.Mount, error) {
 	ctx = namespaces.WithNamespace(ctx, ns)
-	rs, err := s.daemon.containerRootfs(ctx, ns, c.id)
+	rs, err := s.daemon.containerRootfs(ctx, ns, id)
 	if err != nil {
 		return nil, err
 	}
 	if rs.key == "" {
-		return nil, fmt.Errorf("checkpoint %s holds a filesystem, but container %s has no rootfs snapshot to restore it into: %w", meta.ID, c.id, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("checkpoint %s holds a filesystem, but container %s has no rootfs snapshot to restore it into: %w", meta.ID, id, errdefs.ErrFailedPrecondition)
 	}
 	if rs.snapshotter != meta.Snapshotter {
-		return nil, fmt.Errorf("checkpoint %s's filesystem is in snapshotter %q, container %s uses %q: %w", meta.ID, meta.Snapshotter, c.id, rs.snapshotter, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("checkpoint %s's filesystem is in snapshotter %q, container %s uses %q: %w", meta.ID, meta.Snapshotter, id, rs.snapshotter, errdefs.ErrFailedPrecondition)
 	}
 	sn, err := s.daemon.snapshotter(rs.snapshotter)
 	if err != nil {
@@ -346,7 +335,6 @@ func (s *service) rootfsForRestore(ctx context.Context, ns string, c *container,
 		return nil, fmt.Errorf("rootfs snapshot %s: %w", rs.key, err)
 	}
 	if err == nil {
-		// What the container wrote since is discarded: a restore rolls the filesystem back.
 		if err := sn.Remove(ctx, rs.key); err != nil {
 			return nil, fmt.Errorf("replace rootfs snapshot %s: %w", rs.key, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"sync"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/runtime"
 )
 
@@ -87,9 +89,20 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	defer release()
 	rootfs := requestMounts(r)
 	if c.checkpoint != "" {
-		// A cklite checkpoint brings its filesystem: the rootfs is stacked on its frozen layer.
-		if rootfs, err = s.rootfsForRestore(ctx, ns, c, rootfs); err != nil {
+		meta, err := checkpoint.Read(c.checkpoint)
+		switch {
+		case errdefs.IsNotFound(err):
+			// A stock CRIU image: memory only, on the container's current rootfs.
+		case err != nil:
 			return nil, err
+		default:
+			moveOwnCgroup(spec, meta.Container, c.id)
+			if meta.Contents.HasFS() {
+				// A cklite checkpoint brings its filesystem: the rootfs is stacked on its frozen layer.
+				if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 	if err := c.mountRootfs(rootfs); err != nil {
@@ -118,6 +131,16 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		return nil, err
 	}
 	return c, nil
+}
+
+// moveOwnCgroup gives a container restored from another container's checkpoint a cgroup of its
+// own: a restore through ctr or the CRI reuses the checkpointed spec, whose cgroupsPath names
+// the original container's cgroup, which is still busy when the restore is a fork.
+func moveOwnCgroup(spec *specs.Spec, from, to string) {
+	if spec.Linux == nil || from == to || path.Base(spec.Linux.CgroupsPath) != from {
+		return
+	}
+	spec.Linux.CgroupsPath = path.Join(path.Dir(spec.Linux.CgroupsPath), to)
 }
 
 // privatePidNS reports whether the container gets a PID namespace of its own (killing its init
