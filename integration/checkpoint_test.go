@@ -25,6 +25,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -146,7 +147,7 @@ func randomTag() string {
 func (e *ckEnv) checkpointTo(t *testing.T, task client.Task, dir string, o *options.CheckpointOptions) checkpoint.Meta {
 	t.Helper()
 	if err := e.checkpointErr(task, dir, o); err != nil {
-		t.Fatalf("checkpoint of %s into %s: %v", task.ID(), dir, err)
+		t.Fatalf("checkpoint of %s into %s: %v%s", task.ID(), dir, err, criuErrors(err))
 	}
 	return e.expectCheckpoint(t, dir, task.ID())
 }
@@ -160,6 +161,30 @@ func (e *ckEnv) checkpointErr(task client.Task, dir string, o *options.Checkpoin
 	o.ImagePath = dir
 	_, err := task.Checkpoint(e.ctx, withOptions(o), withUniqueName(task.ID()))
 	return err
+}
+
+// criuLogRE finds the CRIU log a shim names in a failed checkpoint's error: cklite's
+// "(CRIU log: PATH)", runc-v2's "path= PATH".
+var criuLogRE = regexp.MustCompile(`(?:CRIU log: |path= )([^\s)]+)`)
+
+// criuErrors returns the error lines of the CRIU log err names, for a failure message: the log
+// lives in the task's bundle, which is gone when the test has ended.
+func criuErrors(err error) string {
+	m := criuLogRE.FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	data, rerr := os.ReadFile(m[1])
+	if rerr != nil {
+		return fmt.Sprintf("\n(reading the CRIU log: %v)", rerr)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.Contains(l, "Error") {
+			lines = append(lines, l)
+		}
+	}
+	return "\nerrors in the CRIU log:\n" + strings.Join(lines, "\n")
 }
 
 // expectCheckpoint reads the cklite.json of image directory dir and checks it describes a
