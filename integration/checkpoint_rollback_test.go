@@ -25,10 +25,7 @@ func TestCheckpointRollbackLoop(t *testing.T) {
 	const rounds = 50
 	e := newCkEnv(t)
 	c, task, cnt := e.startCounter(t, "agent")
-	writeMarks(t, cnt.Rootfs, "base")
-	at := cnt.advance(t, 3)
-	dir := checkpointDir(t, e.d, "base")
-	e.checkpointTo(t, task, dir, nil)
+	dir, _, at := e.markedCheckpoint(t, task, cnt, "base")
 
 	took := make([]time.Duration, 0, rounds)
 	snapshotsAfterFirst := 0
@@ -91,10 +88,8 @@ func TestCheckpointTree(t *testing.T) {
 	}
 	take := func(name string) node {
 		t.Helper()
-		writeMarks(t, cnt.Rootfs, name)
-		at := cnt.advance(t, 3)
-		dir := checkpointDir(t, e.d, name)
-		return node{name, dir, e.checkpointTo(t, task, dir, nil), at}
+		dir, m, at := e.markedCheckpoint(t, task, cnt, name)
+		return node{name, dir, m, at}
 	}
 	run := func(from node) {
 		t.Helper()

@@ -358,14 +358,15 @@ func probe(t *testing.T, rootfs, name string) string {
 }
 
 // holderScript is a python3 workload holding one kind of kernel state a checkpoint must carry
-// (argv[1]: unix, tcp, flock, ghost) and serving probes as "holder" (see probe) with its pid, a
+// (argv[1]: unix, tcp, flock, ghost, external) and serving probes as "holder" (see probe) with its pid, a
 // token drawn at start, and what the state says now:
 //   - unix: a connected pair of unix stream sockets and the listening one, bound to a path: a
 //     ping over the connection is answered, and a new connection is accepted;
 //   - tcp: an established TCP connection over loopback (the listener is closed): a ping over it
 //     is answered;
 //   - flock: an exclusive flock on /tmp/holder.lock: another open file description cannot take it;
-//   - ghost: a file written then unlinked while open: its content, read through the descriptor.
+//   - ghost: a file written then unlinked while open: its content, read through the descriptor;
+//   - external: a connection to a unix socket outside the container, at /ext/holder.sock.
 const holderScript = `
 import fcntl, os, socket, sys, time, uuid
 
@@ -397,6 +398,9 @@ if mode in ("unix", "tcp"):
 elif mode == "flock":
     held = open("/tmp/holder.lock", "w")
     fcntl.flock(held, fcntl.LOCK_EX)
+elif mode == "external":
+    outside = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    outside.connect("/ext/holder.sock")
 elif mode == "ghost":
     ghost = open("/tmp/holder.ghost", "w+")
     ghost.write("ghost-" + token)
@@ -429,6 +433,7 @@ def probe():
     if mode == "ghost":
         ghost.seek(0)
         return "%s nlink=%d" % (ghost.read(), os.fstat(ghost.fileno()).st_nlink)
+    return "connected"
 
 req, out = "/tmp/probe-holder.req", "/tmp/probe-holder.out"
 while True:

@@ -146,10 +146,23 @@ func randomTag() string {
 // (nil: none but the path) and checks what it recorded.
 func (e *ckEnv) checkpointTo(t *testing.T, task client.Task, dir string, o *options.CheckpointOptions) checkpoint.Meta {
 	t.Helper()
+	start := time.Now()
 	if err := e.checkpointErr(task, dir, o); err != nil {
 		t.Fatalf("checkpoint of %s into %s: %v%s", task.ID(), dir, err, criuErrors(err))
 	}
+	logTiming(t, "Go client checkpoint of "+task.ID()+" with an image path", start)
 	return e.expectCheckpoint(t, dir, task.ID())
+}
+
+// markedCheckpoint sets the marks of tag, holds the counter still, and checkpoints task, leaving
+// it running, into a new image directory named tag. It returns the directory, what the
+// checkpoint recorded, and where the counter was.
+func (e *ckEnv) markedCheckpoint(t *testing.T, task client.Task, c counter, tag string) (string, checkpoint.Meta, workload.Count) {
+	t.Helper()
+	writeMarks(t, c.Rootfs, tag)
+	at := c.advance(t, 3)
+	dir := checkpointDir(t, e.d, tag)
+	return dir, e.checkpointTo(t, task, dir, nil), at
 }
 
 // checkpointErr is checkpointTo for checkpoints that may fail: it returns the error and checks
@@ -375,6 +388,18 @@ const (
 // else in marksDir; the image's file is there.
 func writeMarks(t *testing.T, rootfs, tag string) {
 	t.Helper()
+	writeMarkFiles(t, rootfs, tag)
+	if _, err := os.Lstat(filepath.Join(rootfs, imageFile)); errors.Is(err, os.ErrNotExist) {
+		err = os.Symlink("/bin/busybox", filepath.Join(rootfs, imageFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// writeMarkFiles is writeMarks without the image's file, for images other than busybox.
+func writeMarkFiles(t *testing.T, rootfs, tag string) {
+	t.Helper()
 	dir := filepath.Join(rootfs, marksDir)
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
@@ -384,12 +409,6 @@ func writeMarks(t *testing.T, rootfs, tag string) {
 	}
 	for name := range wantMarks(tag) {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(tag), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := os.Lstat(filepath.Join(rootfs, imageFile)); errors.Is(err, os.ErrNotExist) {
-		err = os.Symlink("/bin/busybox", filepath.Join(rootfs, imageFile))
-		if err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -579,13 +598,7 @@ func (e *ckEnv) expectParent(t *testing.T, m, parent checkpoint.Meta) {
 func TestCheckpointGoClient(t *testing.T) {
 	e := newCkEnv(t)
 	_, task, c := e.startCounter(t, "original")
-	writeMarks(t, c.Rootfs, "ck1")
-	at := c.advance(t, 3)
-
-	dir := checkpointDir(t, e.d, "ck1")
-	start := time.Now()
-	m := e.checkpointTo(t, task, dir, nil)
-	logTiming(t, "Go client checkpoint with image path (leave running)", start)
+	dir, m, at := e.markedCheckpoint(t, task, c, "ck1")
 	e.expectStatus(t, task, client.Running, "after a checkpoint that leaves it running")
 	if m.Parent != "" {
 		t.Fatalf("the first checkpoint of a container has parent %q, want none", m.Parent)
