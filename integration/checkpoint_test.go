@@ -828,12 +828,12 @@ func (e *ckEnv) ctrRunCounter(t *testing.T, id string) (client.Container, client
 	return container, task, newCounter(e.d.RootfsPath(id))
 }
 
-// TestCheckpointNerdctl is nerdctl's checkpoint flow on cklite: create (with and without
+// TestCheckpointNerdctlLifecycle is nerdctl's checkpoint flow on cklite: create (with and without
 // --leave-running), ls, rm, stop and start --checkpoint. nerdctl passes no checkpoint options to
 // a runtime other than runc, so cklite never learns nerdctl's Exit and the task keeps running
 // either way; and where stock nerdctl restores memory over the current filesystem, cklite restores
 // the checkpoint's filesystem too.
-func TestCheckpointNerdctl(t *testing.T) {
+func TestCheckpointNerdctlLifecycle(t *testing.T) {
 	e := newCkEnv(t)
 	const name = "nerdctl-ckpt"
 	id := runDetached(t, e.d, harness.CkliteRuntime, name, []string{"--snapshotter", ckliteSnapshotter}, "sh", "-c", workload.CounterScript)
