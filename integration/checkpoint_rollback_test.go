@@ -147,7 +147,7 @@ func TestCheckpointPaused(t *testing.T) {
 	// Seeing that nothing happens takes time: 25 rounds of the counter's loop.
 	time.Sleep(500 * time.Millisecond)
 	if now := cnt.waitFor(t, "a count", func(workload.Count) bool { return true }); now != frozen {
-		t.Fatalf("the counter went from %+v to %+v after the checkpoint of the paused task: it is not paused", frozen, now)
+		t.Fatalf("the counter went from %+v to %+v across the checkpoint of the paused task: the task ran during or after the checkpoint, though paused", frozen, now)
 	}
 
 	if err := task.Resume(e.ctx); err != nil {

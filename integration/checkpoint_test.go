@@ -549,12 +549,12 @@ func (e *ckEnv) metaOfImage(t *testing.T, img client.Image) checkpoint.Meta {
 }
 
 // mustCtr runs ctr with cliResult's timeout and returns its standard output, failing the test
-// unless it exits 0.
+// unless it exits 0 (with CRIU's errors, when ctr names its log).
 func mustCtr(t *testing.T, d *harness.Daemon, args ...string) string {
 	t.Helper()
 	r := ctrResult(t, d, "", args...)
 	if r.code != 0 {
-		t.Fatalf("ctr %s: exit status %d: %s", strings.Join(args, " "), r.code, strings.TrimSpace(r.stderr))
+		t.Fatalf("ctr %s: exit status %d: %s%s", strings.Join(args, " "), r.code, strings.TrimSpace(r.stderr), criuErrors(errors.New(r.stderr)))
 	}
 	return r.stdout
 }
