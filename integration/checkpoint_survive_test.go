@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cklite/cklite/integration/harness"
 	"github.com/cklite/cklite/integration/workload"
 )
 
@@ -452,3 +453,45 @@ while True:
         f.write("%s pid=%d token=%s %s" % (nonce, os.getpid(), token, answer))
     os.rename(out + ".new", out)
 `
+
+// TestCheckpointTerminalNerdctl is the terminal case through nerdctl's own sessions: `nerdctl run
+// -it` on a pty, a checkpoint while the session is attached (the session must work on: the task
+// keeps running), and `nerdctl start -a -i --checkpoint` in a new session, whose shell holds what
+// it held at the checkpoint.
+func TestCheckpointTerminalNerdctl(t *testing.T) {
+	e := newCkEnv(t)
+	const name = "tty"
+	s := startTerminal(t, e.d, 30, 100, "run", "-it", "--snapshotter", ckliteSnapshotter, "--runtime", harness.CkliteRuntime,
+		"--net", "none", "--name", name, busybox.Name, "sh")
+	shellState := func(s *terminal) string {
+		t.Helper()
+		// The marker is split in the command so that the terminal's echo of it does not match.
+		s.send(t, `echo "V""AL=$X PID=$$ TTY=$(tty)"`)
+		return s.expect(t, shellStateRE)[0]
+	}
+	s.send(t, "X="+randomTag())
+	before := shellState(s)
+	id := inspect(t, e.d, name, "{{.ID}}")
+
+	mustNerdctl(t, e.d, "checkpoint", "create", name, "ck")
+	e.expectCheckpoint(t, filepath.Join(e.d.Dir, "nerdctl", "checkpoints", "ck"), id)
+	if got := shellState(s); got != before {
+		t.Fatalf("after the checkpoint the attached session's shell says %q, want %q as before: the task did not keep running on its terminal", got, before)
+	}
+	s.send(t, "X=changed-after-the-checkpoint")
+	if got := shellState(s); !strings.HasPrefix(got, "VAL=changed-after-the-checkpoint ") {
+		t.Fatalf("the attached session's shell says %q after X changed", got)
+	}
+
+	mustNerdctl(t, e.d, "stop", "-t", "0", name)
+	s.wait(t)
+	restored := startTerminal(t, e.d, 30, 100, "start", "-a", "-i", "--checkpoint", "ck", name)
+	if got := shellState(restored); got != before {
+		t.Fatalf("the shell restored by nerdctl start --checkpoint says %q, want %q, what it held at the checkpoint", got, before)
+	}
+	restored.send(t, "exit 3")
+	restored.wait(t)
+	if code := inspect(t, e.d, name, "{{.State.ExitCode}}"); code != "3" {
+		t.Fatalf("the restored shell's `exit 3` ended the container with code %s", code)
+	}
+}
