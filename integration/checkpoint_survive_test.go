@@ -158,11 +158,12 @@ func TestCheckpointSurvives(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(t, s)
 			}
-			// Each state read is logged: a read that times out says which came before it.
+			// Each state read is logged, before and after: a read that fails says when it failed.
 			read := func(when string) string {
 				t.Helper()
+				t.Logf("reading what the container holds %s", when)
 				got := tc.state(t, s)
-				t.Logf("%s the container holds %q", when, got)
+				t.Logf("%s it holds %q", when, got)
 				return got
 			}
 			before := read("before the checkpoint")
