@@ -111,6 +111,12 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		Host:      checkpoint.MachineID(),
 		Created:   time.Now().UTC(),
 		Version:   ckliteVersion,
+		Dump: checkpoint.DumpFlags{
+			OpenTCP:             ck.opts.OpenTcp,
+			ExternalUnixSockets: ck.opts.ExternalUnixSockets,
+			Terminal:            ck.opts.Terminal,
+			FileLocks:           ck.opts.FileLocks,
+		},
 	}
 	if ttl, ok, err := checkpoint.RequestedTTL(c.spec.Annotations, rs.labels); err != nil {
 		return err
@@ -262,7 +268,13 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 		return err
 	}
 	held.attach(lp)
-	if err := engine.Restore(lp, ck.criuOpts(false)); err != nil {
+	opts := ck.criuOpts(false)
+	if paused && opts.CgroupsMode == "" {
+		// The dump recorded the freezer's FROZEN state; in "full" mode CRIU writes it back
+		// before it lets the restored tasks go, so a paused task does not run for an instant.
+		opts.CgroupsMode = "full"
+	}
+	if err := engine.Restore(lp, opts); err != nil {
 		_ = engine.Destroy()
 		return keepRestoreLog(c.bundle, ck.work, err)
 	}
@@ -278,8 +290,8 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 	ck.s.watchInit(ctx, c)
 	if paused {
 		// The client paused the task around the checkpoint and will resume it.
-		if err := engine.Pause(); err != nil {
-			return err
+		if !engine.Paused() {
+			return fmt.Errorf("restored task %s is not frozen, though paused before the checkpoint: %w", c.id, errdefs.ErrFailedPrecondition)
 		}
 		c.init.setState(statusPaused)
 	}
@@ -343,27 +355,4 @@ func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta chec
 		return nil, fmt.Errorf("stack rootfs snapshot %s on frozen layer %s of checkpoint %s: %w", rs.key, meta.Frozen, meta.ID, err)
 	}
 	return mounts, nil
-}
-
-// keepRestoreLog is keepDumpLog for CRIU's restore.log.
-func keepRestoreLog(bundle, work string, cause error) error {
-	return keepCRIULog(bundle, work, "restore.log", cause)
-}
-
-// keepDumpLog saves CRIU's dump.log next to the bundle, where it survives the work directory,
-// and names it in the error.
-func keepDumpLog(bundle, work string, cause error) error {
-	return keepCRIULog(bundle, work, "dump.log", cause)
-}
-
-func keepCRIULog(bundle, work, name string, cause error) error {
-	data, err := os.ReadFile(filepath.Join(work, name))
-	if err != nil {
-		return cause
-	}
-	kept := filepath.Join(bundle, "criu-"+name)
-	if err := os.WriteFile(kept, data, 0o600); err != nil {
-		return cause
-	}
-	return fmt.Errorf("%w (CRIU log: %s)", cause, kept)
 }

@@ -29,7 +29,8 @@ type container struct {
 	opts       *options.Options
 	engine     *runtime.Container
 	init       *process
-	checkpoint string // image directory to restore from at Start, if created from a checkpoint
+	checkpoint string               // image directory to restore from at Start, if created from a checkpoint
+	dumped     checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
 	spec       *specs.Spec
 	cfgOpts    runtime.ConfigOptions
 	stateRoot  string
@@ -96,6 +97,7 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		case err != nil:
 			return nil, err
 		default:
+			c.dumped = meta.Dump
 			moveOwnCgroup(spec, meta.Container, c.id)
 			if meta.Contents.HasFS() {
 				// A cklite checkpoint brings its filesystem: the rootfs is stacked on its frozen layer.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -182,13 +183,28 @@ func (s *service) startContainer(ctx context.Context, c *container) error {
 
 // restore brings the init back from the checkpoint given at Create.
 func (s *service) restore(ctx context.Context, c *container) error {
+	// CRIU's log goes to a work directory, kept out of the image (which may be read-only or
+	// shared by forks) unless the client names one.
+	work := c.opts.CriuWorkPath
+	if work == "" {
+		work = filepath.Join(c.bundle, "criu-work")
+		defer os.RemoveAll(work)
+	}
 	release := s.reaper.hold()
 	defer release()
 	err := s.startInit(ctx, c, func(lp *libcontainer.Process) error {
-		return c.engine.Restore(lp, runtime.CheckpointOpts{
-			ImagePath: c.checkpoint,
-			WorkPath:  c.opts.CriuWorkPath,
+		err := c.engine.Restore(lp, runtime.CheckpointOpts{
+			ImagePath:           c.checkpoint,
+			WorkPath:            work,
+			OpenTCP:             c.dumped.OpenTCP,
+			ExternalUnixSockets: c.dumped.ExternalUnixSockets,
+			Terminal:            c.dumped.Terminal,
+			FileLocks:           c.dumped.FileLocks,
 		})
+		if err != nil {
+			return fmt.Errorf("restore from %s: %w", c.checkpoint, keepRestoreLog(c.bundle, work, err))
+		}
+		return nil
 	}, statusRunning)
 	if err != nil {
 		return err

@@ -77,6 +77,17 @@ type Meta struct {
 	Expires     time.Time `json:"expires,omitzero"`
 	MemoryBytes int64     `json:"memoryBytes"` // size of the CRIU image files
 	Version     string    `json:"version"`     // the cklite that wrote it
+	Dump        DumpFlags `json:"dump,omitzero"`
+}
+
+// DumpFlags are the CRIU options the dump was taken with. CRIU's restore needs the same ones
+// (a dumped TCP connection or file lock is refused without them), and no client flow passes
+// them to a restore: ctr, nerdctl and the CRI give the shim only the image directory.
+type DumpFlags struct {
+	OpenTCP             bool `json:"openTCP,omitempty"`
+	ExternalUnixSockets bool `json:"externalUnixSockets,omitempty"`
+	Terminal            bool `json:"terminal,omitempty"`
+	FileLocks           bool `json:"fileLocks,omitempty"`
 }
 
 // NewID returns a fresh checkpoint id: 12 hex digits, short enough to type.
