@@ -18,7 +18,7 @@ import (
 func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	var opts fork.Options
 	fs.IntVar(&opts.Count, "n", 1, "make `N` forks")
-	fs.StringVar(&opts.Prefix, "prefix", "", "name the forks `PREFIX`-1 ... PREFIX-N (default: the checkpointed container's name + \"-fork\")")
+	fs.StringVar(&opts.Prefix, "prefix", "", "name the forks `PREFIX`-1 ... PREFIX-N (default: the checkpointed container's nerdctl name, or else its id, + \"-fork\")")
 	imagePath := fs.String("image-path", "", "restore from the CRIU image directory `DIR` (default: the one the checkpoint was taken into); CHECKPOINT may then be left out")
 	fs.StringVar(&opts.LogDir, "log-dir", "", "write each fork's stdout and stderr to `DIR`/ID.log (default: discard them)")
 	fs.BoolVar(&opts.CleanupOnError, "cleanup-on-error", false, "if a fork fails, remove the forks already started (by default they stay)")
@@ -46,23 +46,23 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			return err
 		}
 
-		fmt.Fprintf(cli.stdout, "forking checkpoint %s of %s into %d containers (images in %s)\n", src.Checkpoint.ID, src.Checkpoint.Container, opts.Count, src.ImageDir)
+		fmt.Fprintf(cli.stdout, "forking checkpoint %s into %s (images in %s)\n", src.Checkpoint.ID, forks(opts.Count), src.ImageDir)
 		opts.Progress = func(f fork.Fork) {
 			fmt.Fprintf(cli.stdout, "  %s running, restored in %s\n", f.ID, f.Took.Round(time.Millisecond))
 		}
 		rep, err := fork.Run(ctx, ctrd, src, opts)
 		if err != nil {
 			if len(rep.Removed) > 0 {
-				fmt.Fprintf(cli.stderr, "removed the %d forks started before the failure: %s\n", len(rep.Removed), strings.Join(rep.Removed, " "))
+				fmt.Fprintf(cli.stderr, "removed the %s started before the failure: %s\n", forks(len(rep.Removed)), strings.Join(rep.Removed, " "))
 			}
 			if len(rep.Forks) > 0 {
-				fmt.Fprintf(cli.stderr, "%d forks started before the failure stay running: %s (remove them with nerdctl rm -f, or fork again with --cleanup-on-error)\n",
-					len(rep.Forks), strings.Join(forkIDs(rep.Forks), " "))
+				fmt.Fprintf(cli.stderr, "still running, started before the failure: %s (remove with nerdctl rm -f, or fork again with --cleanup-on-error)\n",
+					strings.Join(forkIDs(rep.Forks), " "))
 			}
 			return err
 		}
-		fmt.Fprintf(cli.stdout, "%d forks running in %s (%s each on average)\n",
-			len(rep.Forks), rep.Took.Round(time.Millisecond), (rep.Took / time.Duration(len(rep.Forks))).Round(time.Millisecond))
+		fmt.Fprintf(cli.stdout, "%s running in %s (%s each on average)\n",
+			forks(len(rep.Forks)), rep.Took.Round(time.Millisecond), (rep.Took / time.Duration(len(rep.Forks))).Round(time.Millisecond))
 		return nil
 	}
 }
@@ -94,4 +94,11 @@ func forkIDs(forks []fork.Fork) []string {
 		ids[i] = f.ID
 	}
 	return ids
+}
+
+func forks(n int) string {
+	if n == 1 {
+		return "1 fork"
+	}
+	return fmt.Sprintf("%d forks", n)
 }

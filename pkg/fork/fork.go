@@ -28,7 +28,7 @@ import (
 type Options struct {
 	Count int
 	// Prefix names the forks Prefix-1 ... Prefix-Count; "" means DefaultPrefix of the
-	// checkpointed container.
+	// container the checkpoint was taken of.
 	Prefix string
 	// LogDir, when set, receives each fork's stdout and stderr in <id>.log; otherwise they are
 	// discarded. It must be absolute: the shim opens it.
@@ -67,15 +67,15 @@ func Run(ctx context.Context, c *client.Client, src Source, opts Options) (Repor
 	if opts.LogDir != "" && !filepath.IsAbs(opts.LogDir) {
 		return Report{}, fmt.Errorf("log directory %s is not absolute: %w", opts.LogDir, errdefs.ErrInvalidArgument)
 	}
-	prefix := opts.Prefix
-	if prefix == "" {
-		prefix = DefaultPrefix(src.Checkpoint.Container)
-	}
-	names, err := Names(prefix, opts.Count)
+	t, err := newTemplate(ctx, c, src, opts.LogDir)
 	if err != nil {
 		return Report{}, err
 	}
-	t, err := newTemplate(ctx, c, src, opts.LogDir)
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = DefaultPrefix(t.original)
+	}
+	names, err := Names(prefix, opts.Count)
 	if err != nil {
 		return Report{}, err
 	}

@@ -6,14 +6,25 @@ import (
 	"maps"
 	"strings"
 
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// DefaultPrefix is the prefix of the forks of container's checkpoints: container-fork-1, ...
-func DefaultPrefix(container string) string { return container + "-fork" }
+// nerdctlName is the label holding the name nerdctl shows for a container; its id is a 64-digit
+// hex string nobody types.
+const nerdctlName = "nerdctl/name"
+
+// DefaultPrefix is the prefix of the forks of c's checkpoints: its nerdctl name, or else its id,
+// then "-fork".
+func DefaultPrefix(c containers.Container) string {
+	if name := c.Labels[nerdctlName]; name != "" {
+		return name + "-fork"
+	}
+	return c.ID + "-fork"
+}
 
 // Names are the container ids of n forks: prefix-1 ... prefix-n. An id containerd would refuse
 // is an error before any fork is made.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -142,6 +143,21 @@ func TestNames(t *testing.T) {
 				t.Fatalf("Names(%q, %d) = %v, %v; want %v", tc.prefix, tc.n, got, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestDefaultPrefix(t *testing.T) {
+	for _, tc := range []struct {
+		container containers.Container
+		want      string
+	}{
+		{containers.Container{ID: "web"}, "web-fork"},
+		{containers.Container{ID: "1240cba03431", Labels: map[string]string{"nerdctl/name": "web"}}, "web-fork"},
+		{containers.Container{ID: "1240cba03431", Labels: map[string]string{"nerdctl/name": ""}}, "1240cba03431-fork"},
+	} {
+		if got := DefaultPrefix(tc.container); got != tc.want {
+			t.Errorf("DefaultPrefix(%+v) = %q, want %q", tc.container, got, tc.want)
+		}
 	}
 }
 
