@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"sync"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/runtime"
 )
 
@@ -28,8 +30,13 @@ type container struct {
 	engine     *runtime.Container
 	init       *process
 	checkpoint string // image directory to restore from at Start, if created from a checkpoint
-	sharedPid  bool   // no private PID namespace: init's exit does not take the others along
+	spec       *specs.Spec
+	cfgOpts    runtime.ConfigOptions
+	stateRoot  string
+	sharedPid  bool // no private PID namespace: init's exit does not take the others along
 	cgroup     *runtime.Cgroup
+
+	checkpointMu sync.Mutex // one checkpoint at a time
 
 	mu           sync.Mutex
 	execs        map[string]*process
@@ -66,6 +73,9 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		bundle:     r.Bundle,
 		opts:       opts,
 		checkpoint: r.Checkpoint,
+		spec:       spec,
+		cfgOpts:    runtime.ConfigOptions{ID: r.ID, NoPivotRoot: opts.NoPivotRoot, NoNewKeyring: opts.NoNewKeyring},
+		stateRoot:  stateRoot(opts, ns),
 		sharedPid:  !privatePidNS(spec),
 		execs:      make(map[string]*process),
 		init: newProcess(r.ID, true, stdio{
@@ -77,7 +87,25 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	// libcontainer and mount helpers fork: keep the orphan reaper off their children.
 	release := s.reaper.hold()
 	defer release()
-	if err := c.mountRootfs(r); err != nil {
+	rootfs := requestMounts(r)
+	if c.checkpoint != "" {
+		meta, err := checkpoint.Read(c.checkpoint)
+		switch {
+		case errdefs.IsNotFound(err):
+			// A stock CRIU image: memory only, on the container's current rootfs.
+		case err != nil:
+			return nil, err
+		default:
+			moveOwnCgroup(spec, meta.Container, c.id)
+			if meta.Contents.HasFS() {
+				// A cklite checkpoint brings its filesystem: the rootfs is stacked on its frozen layer.
+				if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	if err := c.mountRootfs(rootfs); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -85,13 +113,7 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 			c.unmountRootfs(ctx)
 		}
 	}()
-	cfg, err := runtime.NewConfig(r.Bundle, spec, runtime.ConfigOptions{
-		ID: r.ID, NoPivotRoot: opts.NoPivotRoot, NoNewKeyring: opts.NoNewKeyring,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if c.engine, err = runtime.Create(stateRoot(opts, ns), r.ID, cfg); err != nil {
+	if c.engine, err = c.createEngine(); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -111,6 +133,16 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	return c, nil
 }
 
+// moveOwnCgroup gives a container restored from another container's checkpoint a cgroup of its
+// own: a restore through ctr or the CRI reuses the checkpointed spec, whose cgroupsPath names
+// the original container's cgroup, which is still busy when the restore is a fork.
+func moveOwnCgroup(spec *specs.Spec, from, to string) {
+	if spec.Linux == nil || from == to || path.Base(spec.Linux.CgroupsPath) != from {
+		return
+	}
+	spec.Linux.CgroupsPath = path.Join(path.Dir(spec.Linux.CgroupsPath), to)
+}
+
 // privatePidNS reports whether the container gets a PID namespace of its own (killing its init
 // then kills everything in it).
 func privatePidNS(spec *specs.Spec) bool {
@@ -125,18 +157,31 @@ func privatePidNS(spec *specs.Spec) bool {
 	return false
 }
 
-// mountRootfs mounts the request's rootfs mounts at <bundle>/rootfs, like runc-v2.
-func (c *container) mountRootfs(r *taskAPI.CreateTaskRequest) error {
-	if len(r.Rootfs) == 0 {
-		return nil
+// createEngine converts the spec and creates the libcontainer container (its state and cgroup).
+func (c *container) createEngine() (*runtime.Container, error) {
+	cfg, err := runtime.NewConfig(c.bundle, c.spec, c.cfgOpts)
+	if err != nil {
+		return nil, err
 	}
-	rootfs := filepath.Join(r.Bundle, "rootfs")
-	if err := os.Mkdir(rootfs, 0o711); err != nil && !os.IsExist(err) {
-		return fmt.Errorf("create rootfs mountpoint: %w", err)
-	}
+	return runtime.Create(c.stateRoot, c.id, cfg)
+}
+
+func requestMounts(r *taskAPI.CreateTaskRequest) []mount.Mount {
 	var mounts []mount.Mount
 	for _, m := range r.Rootfs {
 		mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
+	}
+	return mounts
+}
+
+// mountRootfs mounts the rootfs at <bundle>/rootfs, like runc-v2.
+func (c *container) mountRootfs(mounts []mount.Mount) error {
+	if len(mounts) == 0 {
+		return nil
+	}
+	rootfs := filepath.Join(c.bundle, "rootfs")
+	if err := os.Mkdir(rootfs, 0o711); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("create rootfs mountpoint: %w", err)
 	}
 	if err := mount.All(mounts, rootfs); err != nil {
 		_ = mount.UnmountMounts(mounts, rootfs, 0)

@@ -21,6 +21,9 @@ func (s *service) collect(c *container, p *process) {
 	if err != nil && st == nil {
 		log.G(s.ctx).WithError(err).WithField("pid", pid).Error("wait for container process")
 	}
+	if p.handOver(code) {
+		return
+	}
 	if p.init {
 		s.initExited(c, p, pid, code)
 		return

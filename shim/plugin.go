@@ -23,7 +23,7 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
-			return newService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service))
+			return newService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), ic.Properties[plugins.PropertyGRPCAddress])
 		},
 	})
 }

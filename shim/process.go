@@ -55,6 +55,9 @@ type process struct {
 	exitStatus int
 	exitedAt   time.Time
 	waitBlock  chan struct{}
+	// handover, while a checkpoint restores the process in place, receives its exit instead of
+	// Wait and containerd: the process is killed by the dump and comes back restored.
+	handover chan int
 }
 
 func newProcess(id string, init bool, s stdio) *process {
@@ -96,6 +99,38 @@ func (p *process) getPid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.pid
+}
+
+// beginHandover diverts the process's next exit to the returned channel.
+func (p *process) beginHandover() <-chan int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.handover = make(chan int, 1)
+	return p.handover
+}
+
+// endHandover stops diverting exits and returns an exit that was diverted meanwhile, if any.
+func (p *process) endHandover() (code int, exited bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case code = <-p.handover:
+		exited = true
+	default:
+	}
+	p.handover = nil
+	return code, exited
+}
+
+// handOver passes an exit to a checkpoint in progress; false when none is.
+func (p *process) handOver(code int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.handover == nil {
+		return false
+	}
+	p.handover <- code
+	return true
 }
 
 // setExited records the exit and wakes every Wait.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -44,20 +43,23 @@ type service struct {
 	events   *eventQueue
 	reaper   *reaper
 	shutdown shutdown.Service
+	daemon   *daemon
 
 	mu         sync.Mutex
 	containers map[string]*container
 }
 
-func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (*service, error) {
+func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service, containerdAddress string) (*service, error) {
 	s := &service{
 		ctx:        ctx,
+		daemon:     &daemon{address: containerdAddress},
 		events:     newEventQueue(ctx, publisher, sd),
 		reaper:     newReaper(),
 		shutdown:   sd,
 		containers: make(map[string]*container),
 	}
 	s.reaper.run(ctx)
+	sd.RegisterCallback(func(context.Context) error { s.daemon.close(); return nil })
 	if address, err := shim.ReadAddress("address"); err == nil {
 		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
 	}
@@ -441,64 +443,6 @@ func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptyp
 		}
 	}
 	return empty, nil
-}
-
-// Checkpoint the container with CRIU.
-func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
-	c, err := s.get(r.ID)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.init.expect("checkpoint", statusRunning, statusPaused); err != nil {
-		return nil, errgrpc.ToGRPC(err)
-	}
-	o, err := decodeCheckpointOptions(r.Options)
-	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
-	}
-	path := o.ImagePath
-	if path == "" {
-		path = r.Path
-	}
-	// CRIU's logs and stats go to a work directory, kept out of the image like runc-v2 does
-	// (a temporary one unless the client names it).
-	work := o.WorkPath
-	if work == "" {
-		work = filepath.Join(c.bundle, "criu-work")
-		defer os.RemoveAll(work)
-	}
-	release := s.reaper.hold() // CRIU is libcontainer's child
-	err = c.engine.Checkpoint(runtime.CheckpointOpts{
-		ImagePath:           path,
-		WorkPath:            work,
-		Exit:                o.Exit,
-		OpenTCP:             o.OpenTcp,
-		ExternalUnixSockets: o.ExternalUnixSockets,
-		Terminal:            o.Terminal,
-		FileLocks:           o.FileLocks,
-		EmptyNamespaces:     o.EmptyNamespaces,
-		CgroupsMode:         o.CgroupsMode,
-	})
-	release()
-	if err != nil {
-		return nil, errgrpc.ToGRPC(keepDumpLog(c.bundle, work, err))
-	}
-	s.events.send(&eventstypes.TaskCheckpointed{ContainerID: c.id, Checkpoint: path})
-	return empty, nil
-}
-
-// keepDumpLog saves CRIU's dump.log next to the bundle, where it survives the work directory,
-// and names it in the error.
-func keepDumpLog(bundle, work string, cause error) error {
-	data, err := os.ReadFile(filepath.Join(work, "dump.log"))
-	if err != nil {
-		return cause
-	}
-	kept := filepath.Join(bundle, "criu-dump.log")
-	if err := os.WriteFile(kept, data, 0o600); err != nil {
-		return cause
-	}
-	return fmt.Errorf("%w (CRIU log: %s)", cause, kept)
 }
 
 // Update the container's linux resources.

@@ -81,7 +81,10 @@ func TestLeaseLabelsRoundTrip(t *testing.T) {
 		name string
 		edit func(*Record)
 	}{
-		{"full", func(r *Record) { r.ImagePath = "/var/lib/nerdctl/checkpoints/x"; r.Expires = time.Date(2026, 11, 21, 5, 0, 0, 0, time.UTC) }},
+		{"full", func(r *Record) {
+			r.ImagePath = "/var/lib/nerdctl/checkpoints/x"
+			r.Expires = time.Date(2026, 11, 21, 5, 0, 0, 0, time.UTC)
+		}},
 		{"memory only, no parent", func(r *Record) { r.Contents, r.Frozen, r.Snapshotter, r.Parent = MemoryOnly, "", "", "" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

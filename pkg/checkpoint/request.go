@@ -1,0 +1,41 @@
+package checkpoint
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// Keys a client sets, as a container label or an OCI annotation, to shape the container's
+// checkpoints when it cannot pass flags (nerdctl and the CRI pass no cklite options). A label
+// wins over the annotation: labels can change after the container is created.
+const (
+	ContentsKey = "cklite.io/checkpoint-contents" // memory+fs (default), fs or memory
+	TTLKey      = "cklite.io/checkpoint-ttl"      // a Go duration: the checkpoint expires after it
+)
+
+func requested(key string, annotations, labels map[string]string) string {
+	if v, ok := labels[key]; ok {
+		return v
+	}
+	return annotations[key]
+}
+
+// RequestedContents is what the container's checkpoints capture.
+func RequestedContents(annotations, labels map[string]string) (Contents, error) {
+	return ParseContents(requested(ContentsKey, annotations, labels))
+}
+
+// RequestedTTL is how long the container's checkpoints live; ok is false when no TTL is set.
+func RequestedTTL(annotations, labels map[string]string) (ttl time.Duration, ok bool, err error) {
+	v := requested(TTLKey, annotations, labels)
+	if v == "" {
+		return 0, false, nil
+	}
+	ttl, err = time.ParseDuration(v)
+	if err != nil || ttl <= 0 {
+		return 0, false, fmt.Errorf("%s=%q: want a positive duration such as 24h: %w", TTLKey, v, errdefs.ErrInvalidArgument)
+	}
+	return ttl, true, nil
+}

@@ -1,0 +1,370 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/runtime"
+	"github.com/cklite/cklite/snapshotter/freeze"
+)
+
+// ckliteVersion is written into every checkpoint's metadata.
+const ckliteVersion = "cklite/1"
+
+// Checkpoint the container: a CRIU dump and, in the same frozen instant, its rootfs upper frozen
+// into an immutable layer (both or neither). Leaving the task running (what every client gets
+// unless it asks to exit) is dump, freeze, restore in place: the processes come back on a fresh
+// upper stacked on the frozen layer, paused again if they were.
+func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	c, err := s.get(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.init.expect("checkpoint", statusRunning, statusPaused); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	o, err := decodeCheckpointOptions(r.Options)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	ctx = namespaces.WithNamespace(ctx, ns)
+	ck := &checkpointRun{s: s, c: c, opts: o, path: o.ImagePath}
+	if ck.path == "" {
+		ck.path = r.Path
+	}
+	// CRIU's logs and stats go to a work directory, kept out of the image like runc-v2 does
+	// (a temporary one unless the client names it).
+	ck.work = o.WorkPath
+	if ck.work == "" {
+		ck.work = filepath.Join(c.bundle, "criu-work")
+		defer os.RemoveAll(ck.work)
+	}
+	c.checkpointMu.Lock()
+	defer c.checkpointMu.Unlock()
+	release := s.reaper.hold() // CRIU is libcontainer's child
+	defer release()
+	if err := ck.run(ctx, ns); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.events.send(&eventstypes.TaskCheckpointed{ContainerID: c.id, Checkpoint: ck.path})
+	return empty, nil
+}
+
+// checkpointRun is one checkpoint of one container.
+type checkpointRun struct {
+	s          *service
+	c          *container
+	opts       *options.CheckpointOptions
+	path, work string
+}
+
+func (ck *checkpointRun) criuOpts(exit bool) runtime.CheckpointOpts {
+	o := ck.opts
+	return runtime.CheckpointOpts{
+		ImagePath:           ck.path,
+		WorkPath:            ck.work,
+		Exit:                exit,
+		OpenTCP:             o.OpenTcp,
+		ExternalUnixSockets: o.ExternalUnixSockets,
+		Terminal:            o.Terminal,
+		FileLocks:           o.FileLocks,
+		EmptyNamespaces:     o.EmptyNamespaces,
+		CgroupsMode:         o.CgroupsMode,
+	}
+}
+
+func (ck *checkpointRun) run(ctx context.Context, ns string) error {
+	c := ck.c
+	rs, err := ck.s.daemon.containerRootfs(ctx, ns, c.id)
+	if err != nil {
+		return err
+	}
+	contents, err := checkpoint.RequestedContents(c.spec.Annotations, rs.labels)
+	if err != nil {
+		return err
+	}
+	meta := checkpoint.Meta{
+		ID:        checkpoint.NewID(),
+		Namespace: ns,
+		Container: c.id,
+		Contents:  contents,
+		Host:      checkpoint.MachineID(),
+		Created:   time.Now().UTC(),
+		Version:   ckliteVersion,
+	}
+	if ttl, ok, err := checkpoint.RequestedTTL(c.spec.Annotations, rs.labels); err != nil {
+		return err
+	} else if ok {
+		meta.Expires = meta.Created.Add(ttl)
+	}
+	if contents.HasFS() && (rs.key == "" || c.rootfs == "") {
+		return fmt.Errorf("container %s has no rootfs snapshot to freeze (its rootfs comes from the spec): ask for a memory-only checkpoint (label %s=%s): %w",
+			c.id, checkpoint.ContentsKey, checkpoint.MemoryOnly, errdefs.ErrFailedPrecondition)
+	}
+	switch contents {
+	case checkpoint.FSOnly:
+		return fmt.Errorf("a filesystem-only checkpoint of a running task is not implemented: %w", errdefs.ErrNotImplemented)
+	case checkpoint.MemoryOnly:
+		if err := c.engine.Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
+			return keepDumpLog(c.bundle, ck.work, err)
+		}
+		return ck.record(ctx, meta)
+	}
+	meta.Snapshotter = rs.snapshotter
+	meta.Frozen = checkpoint.FrozenName(meta.ID)
+	return ck.withRootfs(ctx, rs, meta)
+}
+
+// withRootfs dumps the processes (CRIU kills them), freezes the unmounted rootfs, records the
+// checkpoint, then restores the processes on the new upper unless the client asked to exit.
+// Whatever fails, the container ends up running on an intact filesystem, or, if even the restore
+// of the dump fails, stopped with an exit containerd sees; no half checkpoint is recorded.
+func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta checkpoint.Meta) error {
+	c := ck.c
+	sn, err := ck.s.daemon.snapshotter(rs.snapshotter)
+	if err != nil {
+		return err
+	}
+	lm, err := ck.s.daemon.leases()
+	if err != nil {
+		return err
+	}
+	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
+		return err
+	}
+	held, err := holdStdio(c.init.getPid())
+	if err != nil {
+		return err
+	}
+	defer held.Close()
+	paused := c.engine.Paused()
+	pid := c.init.getPid()
+	exited := c.init.beginHandover()
+	start := time.Now()
+	if err := c.engine.Checkpoint(ck.criuOpts(true)); err != nil {
+		// CRIU resumes the tasks when a dump fails: nothing changed.
+		if code, gone := c.init.endHandover(); gone {
+			ck.s.initExited(c, c.init, pid, code)
+		}
+		return keepDumpLog(c.bundle, ck.work, err)
+	}
+	code := <-exited
+	dumped := time.Since(start)
+
+	// The processes are gone: the upper can be unmounted and frozen.
+	err = c.engine.Destroy()
+	if err == nil {
+		err = c.unmountRootfs(ctx)
+	}
+	if err == nil {
+		err = freeze.Freeze(ctx, sn, lm, rs.key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID})
+	}
+	frozen := err == nil
+	if frozen {
+		err = ck.record(ctx, meta)
+		if err != nil {
+			// Unfreezing is not possible; the layer stays in the chain, unrecorded, and the
+			// collector frees it with the container.
+			log.G(ctx).WithError(err).WithField("frozen", meta.Frozen).Warn("checkpoint not recorded")
+		}
+	}
+	froze := time.Since(start) - dumped
+	if ck.opts.Exit && err == nil {
+		c.init.endHandover()
+		if merr := ck.remount(ctx, sn, rs.key); merr != nil {
+			log.G(ctx).WithError(merr).Warn("remount rootfs of the exited task")
+		}
+		ck.s.initExited(c, c.init, pid, code)
+		return nil
+	}
+	if rerr := ck.restoreInPlace(ctx, sn, rs.key, held, paused); rerr != nil {
+		c.init.endHandover()
+		ck.s.initExited(c, c.init, pid, code)
+		if err != nil {
+			return fmt.Errorf("checkpoint failed (%w) and the task could not be restored from its dump in %s: %w", err, ck.path, rerr)
+		}
+		return fmt.Errorf("checkpoint %s was written to %s, but the task could not be restored afterwards: %w", meta.ID, ck.path, rerr)
+	}
+	c.init.endHandover()
+	log.G(ctx).WithFields(log.Fields{
+		"id": meta.ID, "dump": dumped, "freeze": froze, "restore": time.Since(start) - dumped - froze,
+	}).Info("checkpoint: task restored in place")
+	if err != nil {
+		return fmt.Errorf("checkpoint failed, the task runs on: %w", err)
+	}
+	return nil
+}
+
+// record writes the metadata into the image directory and creates the checkpoint's lease.
+func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error {
+	var err error
+	if meta.MemoryBytes, err = checkpoint.ImageSize(ck.path); err != nil {
+		return fmt.Errorf("size of checkpoint images: %w", err)
+	}
+	if err := checkpoint.Write(ck.path, meta); err != nil {
+		return err
+	}
+	lm, err := ck.s.daemon.leases()
+	if err != nil {
+		return err
+	}
+	rec := checkpoint.Record{Meta: meta}
+	if ck.opts.ImagePath != "" {
+		rec.ImagePath = ck.opts.ImagePath
+	}
+	if _, err := checkpoint.Hold(ctx, lm, rec); err != nil {
+		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
+		return err
+	}
+	return nil
+}
+
+// remount mounts the container's snapshot key again at <bundle>/rootfs.
+func (ck *checkpointRun) remount(ctx context.Context, sn snapshots.Snapshotter, key string) error {
+	mounts, err := sn.Mounts(ctx, key)
+	if err != nil {
+		return fmt.Errorf("mounts of %s: %w", key, err)
+	}
+	return ck.c.mountRootfs(mounts)
+}
+
+// restoreInPlace brings the dumped processes back in the same container, on key's current
+// layers, with the stdio pipes they had.
+func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapshotter, key string, held *heldStdio, paused bool) error {
+	c := ck.c
+	if err := ck.remount(ctx, sn, key); err != nil {
+		return err
+	}
+	engine, err := c.createEngine()
+	if err != nil {
+		return err
+	}
+	lp, err := runtime.NewProcess(c.init.spec)
+	if err != nil {
+		return err
+	}
+	held.attach(lp)
+	if err := engine.Restore(lp, ck.criuOpts(false)); err != nil {
+		_ = engine.Destroy()
+		return keepRestoreLog(c.bundle, ck.work, err)
+	}
+	pid, err := lp.Pid()
+	if err != nil {
+		return err
+	}
+	ck.s.reaper.own(pid)
+	c.mu.Lock()
+	c.engine = engine
+	c.mu.Unlock()
+	c.init.started(lp, pid, statusRunning)
+	ck.s.watchInit(ctx, c)
+	if paused {
+		// The client paused the task around the checkpoint and will resume it.
+		if err := engine.Pause(); err != nil {
+			return err
+		}
+		c.init.setState(statusPaused)
+	}
+	return nil
+}
+
+// parentCheckpoint is the checkpoint whose frozen layer key is stacked on, or "".
+func parentCheckpoint(ctx context.Context, sn snapshots.Snapshotter, key string) (string, error) {
+	info, err := sn.Stat(ctx, key)
+	if err != nil {
+		return "", fmt.Errorf("rootfs snapshot %s: %w", key, err)
+	}
+	if info.Parent == "" {
+		return "", nil
+	}
+	parent, err := sn.Stat(ctx, info.Parent)
+	if err != nil {
+		return "", fmt.Errorf("parent %s of rootfs snapshot %s: %w", info.Parent, key, err)
+	}
+	return parent.Labels[checkpoint.LabelID], nil
+}
+
+// rootfsForRestore replaces container id's rootfs snapshot by a fresh one on the frozen layer of
+// checkpoint meta, and returns its mounts: what the container wrote since is discarded.
+func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta checkpoint.Meta) ([]mount.Mount, error) {
+	ctx = namespaces.WithNamespace(ctx, ns)
+	rs, err := s.daemon.containerRootfs(ctx, ns, id)
+	if err != nil {
+		return nil, err
+	}
+	if rs.key == "" {
+		return nil, fmt.Errorf("checkpoint %s holds a filesystem, but container %s has no rootfs snapshot to restore it into: %w", meta.ID, id, errdefs.ErrFailedPrecondition)
+	}
+	if rs.snapshotter != meta.Snapshotter {
+		return nil, fmt.Errorf("checkpoint %s's filesystem is in snapshotter %q, container %s uses %q: %w", meta.ID, meta.Snapshotter, id, rs.snapshotter, errdefs.ErrFailedPrecondition)
+	}
+	sn, err := s.daemon.snapshotter(rs.snapshotter)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := sn.Stat(ctx, meta.Frozen); err != nil {
+		if !errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("frozen layer %s of checkpoint %s: %w", meta.Frozen, meta.ID, err)
+		}
+		if meta.Host != checkpoint.MachineID() {
+			return nil, fmt.Errorf("checkpoint %s was taken on another host (machine id %s): its frozen layer %s exists only there: %w", meta.ID, meta.Host, meta.Frozen, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("frozen layer %s of checkpoint %s no longer exists (checkpoint removed?): %w", meta.Frozen, meta.ID, errdefs.ErrNotFound)
+	}
+	info, err := sn.Stat(ctx, rs.key)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("rootfs snapshot %s: %w", rs.key, err)
+	}
+	if err == nil {
+		if err := sn.Remove(ctx, rs.key); err != nil {
+			return nil, fmt.Errorf("replace rootfs snapshot %s: %w", rs.key, err)
+		}
+	}
+	mounts, err := sn.Prepare(ctx, rs.key, meta.Frozen, snapshots.WithLabels(info.Labels))
+	if err != nil {
+		return nil, fmt.Errorf("stack rootfs snapshot %s on frozen layer %s of checkpoint %s: %w", rs.key, meta.Frozen, meta.ID, err)
+	}
+	return mounts, nil
+}
+
+// keepRestoreLog is keepDumpLog for CRIU's restore.log.
+func keepRestoreLog(bundle, work string, cause error) error {
+	return keepCRIULog(bundle, work, "restore.log", cause)
+}
+
+// keepDumpLog saves CRIU's dump.log next to the bundle, where it survives the work directory,
+// and names it in the error.
+func keepDumpLog(bundle, work string, cause error) error {
+	return keepCRIULog(bundle, work, "dump.log", cause)
+}
+
+func keepCRIULog(bundle, work, name string, cause error) error {
+	data, err := os.ReadFile(filepath.Join(work, name))
+	if err != nil {
+		return cause
+	}
+	kept := filepath.Join(bundle, "criu-"+name)
+	if err := os.WriteFile(kept, data, 0o600); err != nil {
+		return cause
+	}
+	return fmt.Errorf("%w (CRIU log: %s)", cause, kept)
+}

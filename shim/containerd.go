@@ -1,0 +1,86 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	containersapi "github.com/containerd/containerd/api/services/containers/v1"
+	leasesapi "github.com/containerd/containerd/api/services/leases/v1"
+	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/core/leases"
+	leasesproxy "github.com/containerd/containerd/v2/core/leases/proxy"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	snapshotsproxy "github.com/containerd/containerd/v2/core/snapshots/proxy"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// daemon is the shim's connection to containerd's gRPC API, for what a checkpoint needs beyond the
+// task API: the container's rootfs snapshot (to freeze it and to stack a restore on a frozen
+// layer) and the lease that keeps a checkpoint's layer. It dials on first use, so a container
+// that is never checkpointed costs no connection.
+type daemon struct {
+	address string
+
+	once sync.Once
+	conn *grpc.ClientConn
+	err  error
+}
+
+func (d *daemon) dial() (*grpc.ClientConn, error) {
+	d.once.Do(func() {
+		if d.address == "" {
+			d.err = fmt.Errorf("the shim was not given containerd's address")
+			return
+		}
+		d.conn, d.err = grpc.NewClient("unix://"+d.address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if d.err != nil {
+			d.err = fmt.Errorf("connect to containerd at %s: %w", d.address, d.err)
+		}
+	})
+	return d.conn, d.err
+}
+
+// rootfsSnapshot is the container's record in containerd: which snapshotter and key hold its
+// rootfs ("" when the container brings its own rootfs), and its labels (checkpoint requests).
+type rootfsSnapshot struct {
+	snapshotter, key string
+	labels           map[string]string // the container's labels
+}
+
+func (d *daemon) containerRootfs(ctx context.Context, ns, id string) (rootfsSnapshot, error) {
+	conn, err := d.dial()
+	if err != nil {
+		return rootfsSnapshot{}, err
+	}
+	resp, err := containersapi.NewContainersClient(conn).Get(namespaces.WithNamespace(ctx, ns), &containersapi.GetContainerRequest{ID: id})
+	if err != nil {
+		return rootfsSnapshot{}, fmt.Errorf("look up container %s in containerd: %w", id, errgrpc.ToNative(err))
+	}
+	return rootfsSnapshot{snapshotter: resp.Container.Snapshotter, key: resp.Container.SnapshotKey, labels: resp.Container.Labels}, nil
+}
+
+func (d *daemon) snapshotter(name string) (snapshots.Snapshotter, error) {
+	conn, err := d.dial()
+	if err != nil {
+		return nil, err
+	}
+	return snapshotsproxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), name), nil
+}
+
+func (d *daemon) leases() (leases.Manager, error) {
+	conn, err := d.dial()
+	if err != nil {
+		return nil, err
+	}
+	return leasesproxy.NewLeaseManager(leasesapi.NewLeasesClient(conn)), nil
+}
+
+func (d *daemon) close() {
+	if d.conn != nil {
+		d.conn.Close()
+	}
+}
