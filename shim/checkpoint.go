@@ -10,6 +10,7 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -127,7 +128,11 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		if err := c.engine.Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
 			return keepDumpLog(c.bundle, ck.work, err)
 		}
-		return ck.record(ctx, meta)
+		lm, err := ck.s.daemon.leases()
+		if err != nil {
+			return err
+		}
+		return ck.record(ctx, lm, meta)
 	}
 	meta.Snapshotter = rs.snapshotter
 	meta.Frozen = checkpoint.FrozenName(meta.ID)
@@ -180,7 +185,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 	}
 	frozen := err == nil
 	if frozen {
-		err = ck.record(ctx, meta)
+		err = ck.record(ctx, lm, meta)
 		if err != nil {
 			// Unfreezing is not possible; the layer stays in the chain, unrecorded, and the
 			// collector frees it with the container.
@@ -215,7 +220,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 }
 
 // record writes the metadata into the image directory and creates the checkpoint's lease.
-func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error {
+func (ck *checkpointRun) record(ctx context.Context, lm leases.Manager, meta checkpoint.Meta) error {
 	var err error
 	if meta.MemoryBytes, err = checkpoint.ImageSize(ck.path); err != nil {
 		return fmt.Errorf("size of checkpoint images: %w", err)
@@ -223,14 +228,8 @@ func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error
 	if err := checkpoint.Write(ck.path, meta); err != nil {
 		return err
 	}
-	lm, err := ck.s.daemon.leases()
-	if err != nil {
-		return err
-	}
-	rec := checkpoint.Record{Meta: meta}
-	if ck.opts.ImagePath != "" {
-		rec.ImagePath = ck.opts.ImagePath
-	}
+	// Only a directory the client named outlives the call; the daemon's temporary one does not.
+	rec := checkpoint.Record{Meta: meta, ImagePath: ck.opts.ImagePath}
 	if _, err := checkpoint.Hold(ctx, lm, rec); err != nil {
 		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
 		return err

@@ -1,0 +1,168 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+
+	"github.com/cklite/cklite/integration/workload"
+	"github.com/cklite/cklite/pkg/checkpoint"
+)
+
+// TestCheckpointRollbackLoop checkpoints a container once and rolls it back to that checkpoint 50
+// times, each time after moving the counter and the filesystem past it, as an agent platform
+// undoing bad actions does. Every rollback must bring back exactly the checkpoint's memory and
+// files and leave nothing behind: no checkpoint, no snapshot per rollback. It logs the median
+// rollback time (kill, restore, start).
+func TestCheckpointRollbackLoop(t *testing.T) {
+	const rounds = 50
+	e := newCkEnv(t)
+	c, task, cnt := e.startCounter(t, "agent")
+	dir, _, at := e.markedCheckpoint(t, task, cnt, "base")
+
+	took := make([]time.Duration, 0, rounds)
+	snapshotsAfterFirst := 0
+	for i := range rounds {
+		ok := t.Run(fmt.Sprintf("rollback %d", i+1), func(t *testing.T) {
+			changeMarks(t, cnt.Rootfs, fmt.Sprint(i))
+			cnt.advance(t, 2)
+			start := time.Now()
+			e.rollback(t, c, dir)
+			took = append(took, time.Since(start))
+			expectRolledBack(t, cnt, at, "base")
+		})
+		if !ok {
+			break
+		}
+		if i == 0 {
+			snapshotsAfterFirst = len(e.snapshotNames(t))
+		}
+	}
+	if len(took) < rounds {
+		return
+	}
+	slices.Sort(took)
+	t.Logf("rollback (kill + restore + start) over %d rounds: median %.1f ms, min %.1f ms, max %.1f ms", rounds,
+		ms(took[rounds/2]), ms(took[0]), ms(took[rounds-1]))
+	if n := len(e.snapshotNames(t)); n != snapshotsAfterFirst {
+		t.Fatalf("cklite holds %d snapshots after %d rollbacks, %d after the first: each rollback leaves snapshots behind", n, rounds, snapshotsAfterFirst)
+	}
+	if recs := e.records(t); len(recs) != 1 {
+		t.Fatalf("%d checkpoints (%v) after one checkpoint and %d rollbacks, want 1: a rollback is not a checkpoint", len(recs), recordIDs(recs), rounds)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// snapshotNames lists the snapshots containerd knows on cklite.
+func (e *ckEnv) snapshotNames(t *testing.T) []string {
+	t.Helper()
+	var names []string
+	if err := e.sn.Walk(e.ctx, func(_ context.Context, info snapshots.Info) error {
+		names = append(names, info.Name)
+		return nil
+	}); err != nil {
+		t.Fatalf("listing cklite's snapshots: %v", err)
+	}
+	return names
+}
+
+// TestCheckpointTree builds a tree of checkpoints: A, run, B, roll back to A, run, C. B and C are
+// both children of A (in cklite.json, in the leases and in the snapshot chain) and each of the
+// three can be restored afterwards, in an order that crosses branches.
+func TestCheckpointTree(t *testing.T) {
+	e := newCkEnv(t)
+	c, task, cnt := e.startCounter(t, "tree")
+	type node struct {
+		name string
+		dir  string
+		m    checkpoint.Meta
+		at   workload.Count
+	}
+	take := func(name string) node {
+		t.Helper()
+		dir, m, at := e.markedCheckpoint(t, task, cnt, name)
+		return node{name, dir, m, at}
+	}
+	run := func(from node) {
+		t.Helper()
+		changeMarks(t, cnt.Rootfs, from.name)
+		cnt.advance(t, 3)
+	}
+
+	a := take("A")
+	if a.m.Parent != "" {
+		t.Fatalf("the first checkpoint of a container has parent %q, want none", a.m.Parent)
+	}
+	run(a)
+	b := take("B")
+	e.expectParent(t, b.m, a.m)
+	task = e.rollback(t, c, a.dir)
+	expectRolledBack(t, cnt, a.at, "A")
+	run(a)
+	cc := take("C")
+	e.expectParent(t, cc.m, a.m)
+
+	for _, n := range []node{a, b, cc} {
+		if r := e.record(t, n.m.ID); r.Parent != n.m.Parent {
+			t.Fatalf("the lease of checkpoint %s (%s) names parent %q, want %q", n.name, n.m.ID, r.Parent, n.m.Parent)
+		}
+	}
+	for _, n := range []node{b, a, cc, b} {
+		run(n)
+		e.rollback(t, c, n.dir)
+		expectRolledBack(t, cnt, n.at, n.name)
+	}
+}
+
+// TestCheckpointPaused checkpoints a paused task, leaving it running: it must still be paused
+// afterwards (the client resumes only a task it paused itself) and not count, then count on from
+// where it stopped once resumed. Restored, the checkpoint counts on from where it was paused.
+func TestCheckpointPaused(t *testing.T) {
+	e := newCkEnv(t)
+	c, task, cnt := e.startCounter(t, "paused")
+	writeMarks(t, cnt.Rootfs, "paused")
+	first := cnt.advance(t, 1)
+	// Counting freely from here on: the pause catches it mid-count.
+	if err := os.WriteFile(filepath.Join(cnt.Rootfs, "tmp", "run"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cnt.waitFor(t, "counting", func(x workload.Count) bool { return x.N > first.N })
+	if err := task.Pause(e.ctx); err != nil {
+		t.Fatalf("pausing: %v", err)
+	}
+	e.expectStatus(t, task, client.Paused, "after Pause")
+	frozen := cnt.waitFor(t, "a count", func(workload.Count) bool { return true })
+
+	dir := checkpointDir(t, e.d, "paused")
+	e.checkpointTo(t, task, dir, nil)
+	e.expectStatus(t, task, client.Paused, "after a checkpoint of the paused task")
+	// Seeing that nothing happens takes time: 25 rounds of the counter's loop.
+	time.Sleep(500 * time.Millisecond)
+	if now := cnt.waitFor(t, "a count", func(workload.Count) bool { return true }); now != frozen {
+		t.Fatalf("the counter went from %+v to %+v across the checkpoint of the paused task: the task ran during or after the checkpoint, though paused", frozen, now)
+	}
+
+	if err := task.Resume(e.ctx); err != nil {
+		t.Fatalf("resuming after the checkpoint: %v", err)
+	}
+	e.expectStatus(t, task, client.Running, "after Resume")
+	cnt.waitFor(t, fmt.Sprintf("the resumed counter to count on past %d with token %s", frozen.N, frozen.Token), func(x workload.Count) bool {
+		return x.Token == frozen.Token && x.N > frozen.N+3
+	})
+
+	changeMarks(t, cnt.Rootfs, "paused")
+	restored := e.rollback(t, c, dir)
+	expectMarks(t, cnt.Rootfs, "paused")
+	e.expectStatus(t, restored, client.Running, "restored from the checkpoint of a paused task")
+	cnt.waitFor(t, fmt.Sprintf("the restored counter to count on past %d with token %s", frozen.N, frozen.Token), func(x workload.Count) bool {
+		return x.Token == frozen.Token && x.N > frozen.N+3
+	})
+}
