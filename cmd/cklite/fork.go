@@ -26,6 +26,9 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		if len(args) > 1 || (len(args) == 0 && *imagePath == "") {
 			return fmt.Errorf("want one CHECKPOINT, or --image-path: %w", errdefs.ErrInvalidArgument)
 		}
+		if opts.Count < 1 {
+			return fmt.Errorf("-n %d: want at least one fork: %w", opts.Count, errdefs.ErrInvalidArgument)
+		}
 		if opts.LogDir != "" {
 			dir, err := filepath.Abs(opts.LogDir)
 			if err != nil {

@@ -88,6 +88,7 @@ func TestRunRefusesMisuse(t *testing.T) {
 		{args: []string{"checkpoint", "rm"}, isErr: errdefs.IsInvalidArgument, says: "no checkpoint id"},
 		{args: []string{"fork", "-n", "2"}, isErr: errdefs.IsInvalidArgument, says: "want one CHECKPOINT"},
 		{args: []string{"fork", "a", "b"}, isErr: errdefs.IsInvalidArgument, says: "want one CHECKPOINT"},
+		{args: []string{"fork", "-n", "0", "abc"}, isErr: errdefs.IsInvalidArgument, says: "-n 0: want at least one fork"},
 		{args: []string{"checkpoint", "ls"}, isErr: func(error) bool { return true }, says: "is containerd running"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
