@@ -232,6 +232,15 @@ func (d *Daemon) Nerdctl(ctx context.Context, args ...string) (string, error) {
 	return d.run(ctx, "nerdctl", args...)
 }
 
+// Cklite runs the project's cklite CLI against the daemon in its namespace and returns its
+// standard output.
+func (d *Daemon) Cklite(ctx context.Context, args ...string) (string, error) {
+	if !d.stack.Has("cklite") {
+		return "", fmt.Errorf("cklite not built in %s: run 'make build'", d.stack.ProjectBin)
+	}
+	return d.run(ctx, "cklite", append([]string{"--address", d.Address, "-n", d.Namespace}, args...)...)
+}
+
 // Command returns an unstarted command for the stack's binary name in the daemon's environment,
 // for callers that need its stdin, a terminal or a stream.
 func (d *Daemon) Command(ctx context.Context, name string, args ...string) *exec.Cmd {

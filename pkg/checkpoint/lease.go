@@ -22,6 +22,8 @@ const (
 	LabelFrozen      = "cklite.io/checkpoint.frozen"
 	LabelCreated     = "cklite.io/checkpoint.created"
 	LabelMemoryBytes = "cklite.io/checkpoint.memory-bytes"
+	LabelHost        = "cklite.io/checkpoint.host"
+	LabelVersion     = "cklite.io/checkpoint.version"
 	// LabelImagePath is where the image directory was written, when it outlives the checkpoint
 	// call (nerdctl's checkpoint directory, ctr's --image-path); not set for the daemon's
 	// temporary directory, whose contents live on in a checkpoint image.
@@ -50,6 +52,7 @@ func (r Record) labels() map[string]string {
 	}
 	for k, v := range map[string]string{
 		LabelParent: r.Parent, LabelSnapshotter: r.Snapshotter, LabelFrozen: r.Frozen, LabelImagePath: r.ImagePath,
+		LabelHost: r.Host, LabelVersion: r.Version,
 	} {
 		if v != "" {
 			l[k] = v
@@ -76,6 +79,8 @@ func FromLease(namespace string, l leases.Lease) (Record, error) {
 		Snapshotter: l.Labels[LabelSnapshotter],
 		Frozen:      l.Labels[LabelFrozen],
 		Parent:      l.Labels[LabelParent],
+		Host:        l.Labels[LabelHost],
+		Version:     l.Labels[LabelVersion],
 	}, ImagePath: l.Labels[LabelImagePath]}
 	var err error
 	if r.Created, err = time.Parse(time.RFC3339Nano, l.Labels[LabelCreated]); err != nil {

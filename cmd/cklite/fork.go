@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/fork"
+)
+
+func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+	var opts fork.Options
+	fs.IntVar(&opts.Count, "n", 1, "make `N` forks")
+	fs.StringVar(&opts.Prefix, "prefix", "", "name the forks `PREFIX`-1 ... PREFIX-N (default: the checkpointed container's nerdctl name, or else its id, + \"-fork\")")
+	imagePath := fs.String("image-path", "", "restore from the CRIU image directory `DIR` (default: the one the checkpoint was taken into); CHECKPOINT may then be left out")
+	fs.StringVar(&opts.LogDir, "log-dir", "", "write each fork's stdout and stderr to `DIR`/ID.log (default: discard them)")
+	fs.BoolVar(&opts.CleanupOnError, "cleanup-on-error", false, "if a fork fails, remove the forks already started (by default they stay)")
+	return func(ctx context.Context, cli *cli, args []string) error {
+		if len(args) > 1 || (len(args) == 0 && *imagePath == "") {
+			return fmt.Errorf("want one CHECKPOINT, or --image-path: %w", errdefs.ErrInvalidArgument)
+		}
+		if opts.Count < 1 {
+			return fmt.Errorf("-n %d: want at least one fork: %w", opts.Count, errdefs.ErrInvalidArgument)
+		}
+		if opts.LogDir != "" {
+			dir, err := filepath.Abs(opts.LogDir)
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return fmt.Errorf("log directory: %w", err)
+			}
+			opts.LogDir = dir
+		}
+		ctrd, ctx, records, err := cli.checkpoints(ctx)
+		if err != nil {
+			return err
+		}
+		defer ctrd.Close()
+		src, err := forkSource(checkpoint.NewTree(records), args, *imagePath)
+		if err != nil {
+			return err
+		}
+
+		fmt.Fprintf(cli.stdout, "forking checkpoint %s into %s (images in %s)\n", src.Checkpoint.ID, forks(opts.Count), src.ImageDir)
+		opts.Progress = func(f fork.Fork) {
+			fmt.Fprintf(cli.stdout, "  %s running, restored in %s\n", f.ID, f.Took.Round(time.Millisecond))
+		}
+		rep, err := fork.Run(ctx, ctrd, src, opts)
+		if err != nil {
+			if len(rep.Removed) > 0 {
+				fmt.Fprintf(cli.stderr, "removed the %s started before the failure: %s\n", forks(len(rep.Removed)), strings.Join(rep.Removed, " "))
+			}
+			if len(rep.Forks) > 0 {
+				fmt.Fprintf(cli.stderr, "still running, started before the failure: %s (remove with nerdctl rm -f, or fork again with --cleanup-on-error)\n",
+					strings.Join(forkIDs(rep.Forks), " "))
+			}
+			return err
+		}
+		fmt.Fprintf(cli.stdout, "%s running in %s (%s each on average)\n",
+			forks(len(rep.Forks)), rep.Took.Round(time.Millisecond), (rep.Took / time.Duration(len(rep.Forks))).Round(time.Millisecond))
+		return nil
+	}
+}
+
+// forkSource is the checkpoint args name, with its images in imagePath or where it recorded
+// them; or, without args, the checkpoint whose images are in imagePath, which must still exist:
+// its lease is what keeps its frozen layer.
+func forkSource(tree *checkpoint.Tree, args []string, imagePath string) (fork.Source, error) {
+	if len(args) == 0 {
+		src, err := fork.FromImageDir(imagePath)
+		if err != nil {
+			return fork.Source{}, err
+		}
+		if _, err := tree.Lookup(src.Checkpoint.ID); err != nil {
+			return fork.Source{}, fmt.Errorf("the checkpoint of %s: %w", imagePath, err)
+		}
+		return src, nil
+	}
+	n, err := tree.Lookup(args[0])
+	if err != nil {
+		return fork.Source{}, err
+	}
+	return fork.SourceOf(n.Record, imagePath)
+}
+
+func forkIDs(forks []fork.Fork) []string {
+	ids := make([]string, len(forks))
+	for i, f := range forks {
+		ids[i] = f.ID
+	}
+	return ids
+}
+
+func forks(n int) string {
+	if n == 1 {
+		return "1 fork"
+	}
+	return fmt.Sprintf("%d forks", n)
+}

@@ -1,0 +1,189 @@
+// Command cklite says and does what containerd's own tools cannot about cklite checkpoints: the
+// tree of a namespace's checkpoints, their removal, and forking one into many containers.
+// Checkpoints are taken and restored with the stock tools (ctr, nerdctl, the Go client, CRI).
+//
+//	cklite checkpoint ls                           # the tree, with sizes and expiry
+//	cklite checkpoint inspect 5661a3               # JSON; any unique id prefix
+//	cklite checkpoint rm --gc --image 5661a3       # free the layers now, remove the image directory
+//	cklite -n k8s.io fork -n 8 --log-dir /tmp/forks 5661a3
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/log"
+)
+
+// command is one cklite command: its words on the command line and what runs it.
+type command struct {
+	name    string // "checkpoint ls"
+	aliases []string
+	args    string // the positional arguments, for the usage line
+	summary string
+	// flags declares the command's flags on fs and returns the function that runs the command
+	// once they are parsed.
+	flags func(fs *flag.FlagSet) func(ctx context.Context, cli *cli, args []string) error
+}
+
+var commands = []command{
+	{name: "checkpoint ls", aliases: []string{"checkpoint list"}, summary: "List the namespace's checkpoints as a tree, children under the checkpoint they were taken on.", flags: checkpointListFlags},
+	{name: "checkpoint inspect", args: "ID...", summary: "Print checkpoints as JSON, with the size of their frozen layer. An ID may be any unique prefix.", flags: checkpointInspectFlags},
+	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "ID...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
+	{name: "fork", args: "[CHECKPOINT]", summary: "Restore one checkpoint into N new containers, all running at once.", flags: forkFlags},
+}
+
+// cli is the global options and where output goes.
+type cli struct {
+	address   string
+	namespace string
+	stdout    io.Writer
+	stderr    io.Writer
+}
+
+// connect returns a client of containerd and ctx in the namespace of the global options.
+func (c *cli) connect(ctx context.Context) (*client.Client, context.Context, error) {
+	// The client would retry a missing socket until its 10 s timeout.
+	if _, err := os.Stat(strings.TrimPrefix(c.address, "unix://")); err != nil {
+		return nil, nil, fmt.Errorf("containerd's socket: %w (is containerd running? --address)", err)
+	}
+	ctrd, err := client.New(c.address, client.WithDefaultNamespace(c.namespace))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to containerd at %s: %w", c.address, err)
+	}
+	return ctrd, namespaces.WithNamespace(ctx, c.namespace), nil
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cklite: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := &cli{stdout: stdout, stderr: stderr}
+	global := flag.NewFlagSet("cklite", flag.ContinueOnError)
+	global.StringVar(&c.address, "address", envOr("CONTAINERD_ADDRESS", defaults.DefaultAddress), "containerd's socket (env CONTAINERD_ADDRESS)")
+	ns := envOr(namespaces.NamespaceEnvVar, namespaces.Default)
+	global.StringVar(&c.namespace, "namespace", ns, "containerd namespace (env "+namespaces.NamespaceEnvVar+")")
+	global.StringVar(&c.namespace, "n", ns, "short for --namespace")
+	debug := global.Bool("debug", false, "log debug messages")
+	global.Usage = func() { usage(stderr, global) }
+	global.SetOutput(io.Discard) // usage prints the errors' context; main prints the error
+	if err := global.Parse(args); err != nil {
+		return err
+	}
+	if *debug {
+		if err := log.SetLevel("debug"); err != nil {
+			return err
+		}
+	}
+	cmd, rest, err := lookup(global.Args())
+	if err != nil {
+		usage(stderr, global)
+		return err
+	}
+	fs := flag.NewFlagSet("cklite "+cmd.name, flag.ContinueOnError)
+	runCmd := cmd.flags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s\n\n%s\n\nFlags:\n", strings.TrimSpace("cklite [global flags] "+cmd.name+" [flags] "+cmd.args), cmd.summary)
+		printDefaults(stderr, fs)
+	}
+	fs.SetOutput(io.Discard)
+	positional, err := parse(fs, rest)
+	if err != nil {
+		return err
+	}
+	return runCmd(ctx, c, positional)
+}
+
+// lookup finds the command args start with and returns it with the arguments after its words.
+func lookup(args []string) (command, []string, error) {
+	if len(args) == 0 {
+		return command{}, nil, fmt.Errorf("no command")
+	}
+	for _, cmd := range commands {
+		for _, name := range append([]string{cmd.name}, cmd.aliases...) {
+			words := strings.Fields(name)
+			if len(args) >= len(words) && strings.Join(args[:len(words)], " ") == name {
+				return cmd, args[len(words):], nil
+			}
+		}
+	}
+	return command{}, nil, fmt.Errorf("unknown command %q", strings.Join(args[:min(2, len(args))], " "))
+}
+
+// parse parses a command's flags and returns its positional arguments. Flags go before them, as
+// with ctr: a flag after one is refused rather than taken for an argument.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if rest := fs.Args(); len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+		return rest, nil // after --, all are arguments
+	}
+	for _, a := range fs.Args() {
+		if strings.HasPrefix(a, "-") && a != "-" {
+			return nil, fmt.Errorf("flag %s after the arguments: flags go first (cklite %s --help)", a, strings.TrimPrefix(fs.Name(), "cklite "))
+		}
+	}
+	return fs.Args(), nil
+}
+
+func usage(w io.Writer, global *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: cklite [global flags] COMMAND [flags] [arguments]\n\nCommands:\n")
+	for _, cmd := range commands {
+		fmt.Fprintf(w, "  %-20s %s\n", cmd.name, cmd.summary)
+	}
+	fmt.Fprintf(w, "\nGlobal flags:\n")
+	printDefaults(w, global)
+	fmt.Fprintf(w, "\nRun 'cklite COMMAND --help' for a command's flags.\n")
+}
+
+// printDefaults prints fs's flags to w, as --name for a long one, -n for a short one.
+func printDefaults(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		dashes := "--"
+		if len(f.Name) == 1 {
+			dashes = "-"
+		}
+		kind, help := flag.UnquoteUsage(f)
+		fmt.Fprintf(w, "  %s%s", dashes, f.Name)
+		if kind != "" {
+			fmt.Fprintf(w, " %s", kind)
+		}
+		fmt.Fprintf(w, "\n      %s", help)
+		_, isString := f.Value.(flag.Getter).Get().(string)
+		switch {
+		case isString && f.DefValue != "":
+			fmt.Fprintf(w, " (default %q)", f.DefValue)
+		case !isString && kind != "":
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,130 @@
+package checkpoint
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/containerd/errdefs"
+)
+
+// Node is one checkpoint in a Tree.
+type Node struct {
+	Record
+	// Orphan is set on a root whose Parent is not in the tree: the parent checkpoint was removed
+	// or expired. Its frozen layer still exists (this checkpoint's layer keeps it), but no
+	// checkpoint names it any more.
+	Orphan   bool
+	Children []*Node
+}
+
+// Tree is the checkpoints of a namespace arranged by Parent, each level oldest first.
+type Tree struct {
+	Roots []*Node
+	byID  map[string]*Node
+}
+
+// NewTree arranges records by Parent. A record whose parent is not among records becomes a root
+// marked Orphan. Parents that loop (only hand-edited lease labels can make them) are cut where
+// the loop closes, so that every record appears in the tree exactly once.
+func NewTree(records []Record) *Tree {
+	t := &Tree{byID: make(map[string]*Node, len(records))}
+	nodes := make([]*Node, len(records))
+	for i, r := range records {
+		nodes[i] = &Node{Record: r}
+		t.byID[r.ID] = nodes[i]
+	}
+	// Oldest first at every level, whatever order records came in; the id breaks ties so the
+	// output is stable.
+	slices.SortStableFunc(nodes, func(a, b *Node) int {
+		return cmp.Or(a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
+	})
+	for _, n := range nodes {
+		if p, ok := t.byID[n.Parent]; ok && p != n {
+			p.Children = append(p.Children, n)
+		} else {
+			n.Orphan = n.Parent != "" && !ok
+			t.Roots = append(t.Roots, n)
+		}
+	}
+	reached := make(map[*Node]bool, len(nodes))
+	var mark func(*Node)
+	mark = func(n *Node) {
+		reached[n] = true
+		for _, c := range n.Children {
+			mark(c)
+		}
+	}
+	for _, r := range t.Roots {
+		mark(r)
+	}
+	// What the roots do not reach has ancestors that loop: walk up from it until the walk closes
+	// the loop, and cut the loop there.
+	for _, n := range nodes {
+		if reached[n] {
+			continue
+		}
+		seen := map[*Node]bool{}
+		for !seen[n] {
+			seen[n] = true
+			n = t.byID[n.Parent]
+		}
+		p := t.byID[n.Parent]
+		p.Children = slices.DeleteFunc(p.Children, func(c *Node) bool { return c == n })
+		t.Roots = append(t.Roots, n)
+		mark(n)
+	}
+	return t
+}
+
+// Lookup finds the checkpoint whose id is id or, failing that, the only one whose id starts with
+// id. No match is errdefs.ErrNotFound; several are errdefs.ErrInvalidArgument naming them.
+func (t *Tree) Lookup(id string) (*Node, error) {
+	if id == "" {
+		return nil, fmt.Errorf("empty checkpoint id: %w", errdefs.ErrInvalidArgument)
+	}
+	if n, ok := t.byID[id]; ok {
+		return n, nil
+	}
+	var matches []string
+	for full := range t.byID {
+		if strings.HasPrefix(full, id) {
+			matches = append(matches, full)
+		}
+	}
+	switch len(matches) {
+	case 0:
+		return nil, fmt.Errorf("no checkpoint %q: %w", id, errdefs.ErrNotFound)
+	case 1:
+		return t.byID[matches[0]], nil
+	}
+	slices.Sort(matches)
+	return nil, fmt.Errorf("checkpoint id prefix %q is ambiguous: it matches %s: %w", id, strings.Join(matches, ", "), errdefs.ErrInvalidArgument)
+}
+
+// Line is one row of the tree as `cklite checkpoint ls` prints it.
+type Line struct {
+	*Node
+	Indent string // the tree drawn before the id: "" for a root, then "├─ ", "│  └─ ", ...
+}
+
+// Lines walks the tree depth first, parents before their children.
+func (t *Tree) Lines() []Line {
+	var out []Line
+	var walk func(n *Node, indent, childIndent string)
+	walk = func(n *Node, indent, childIndent string) {
+		out = append(out, Line{Node: n, Indent: indent})
+		for i, c := range n.Children {
+			if i == len(n.Children)-1 {
+				walk(c, childIndent+"└─ ", childIndent+"   ")
+			} else {
+				walk(c, childIndent+"├─ ", childIndent+"│  ")
+			}
+		}
+	}
+	for _, r := range t.Roots {
+		walk(r, "", "")
+	}
+	return out
+}

@@ -1,0 +1,125 @@
+package fork
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+// fakeForker starts every fork but those in fail, and removes every one but those in keep.
+type fakeForker struct {
+	taken, fail, keep []string
+	started, removed  []string
+}
+
+func (f *fakeForker) exists(_ context.Context, id string) (bool, error) {
+	return slices.Contains(f.taken, id), nil
+}
+
+func (f *fakeForker) start(_ context.Context, id string) error {
+	if slices.Contains(f.fail, id) {
+		return errors.New("criu failed")
+	}
+	f.started = append(f.started, id)
+	return nil
+}
+
+func (f *fakeForker) remove(_ context.Context, id string) error {
+	if slices.Contains(f.keep, id) {
+		return errors.New("task busy")
+	}
+	f.removed = append(f.removed, id)
+	return nil
+}
+
+func TestRun(t *testing.T) {
+	names := []string{"w-1", "w-2", "w-3", "w-4"}
+	for _, tc := range []struct {
+		name        string
+		fake        fakeForker
+		cleanup     bool
+		wantStarted []string
+		wantRunning []string // Report.Forks
+		wantRemoved []string
+		isErr       func(error) bool
+		says        []string
+	}{
+		{
+			name:        "all start",
+			wantStarted: names, wantRunning: names,
+		},
+		{
+			name:  "a name taken: nothing starts",
+			fake:  fakeForker{taken: []string{"w-3"}},
+			isErr: errdefs.IsAlreadyExists, says: []string{"w-3 already exists"},
+		},
+		{
+			name:        "fork 3 fails: the two before it stay",
+			fake:        fakeForker{fail: []string{"w-3"}},
+			wantStarted: names[:2], wantRunning: names[:2],
+			says: []string{"fork 3 of 4 (w-3): criu failed"},
+		},
+		{
+			name:        "fork 3 fails, cleanup: the two before it are removed",
+			fake:        fakeForker{fail: []string{"w-3"}},
+			cleanup:     true,
+			wantStarted: names[:2], wantRemoved: names[:2],
+			says: []string{"fork 3 of 4 (w-3): criu failed"},
+		},
+		{
+			name:        "cleanup cannot remove one: it stays and is named",
+			fake:        fakeForker{fail: []string{"w-3"}, keep: []string{"w-1"}},
+			cleanup:     true,
+			wantStarted: names[:2], wantRunning: names[:1], wantRemoved: names[1:2],
+			says: []string{"fork 3 of 4 (w-3): criu failed", "remove fork w-1: task busy"},
+		},
+		{
+			name:    "first fork fails, cleanup: nothing to remove",
+			fake:    fakeForker{fail: []string{"w-1"}},
+			cleanup: true,
+			says:    []string{"fork 1 of 4 (w-1)"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var progress []string
+			rep, err := run(context.Background(), &tc.fake, names, Options{
+				CleanupOnError: tc.cleanup,
+				Progress:       func(f Fork) { progress = append(progress, f.ID) },
+			})
+			if len(tc.says) == 0 && err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			for _, s := range tc.says {
+				if err == nil || !strings.Contains(err.Error(), s) {
+					t.Fatalf("run error %v, want one saying %q", err, s)
+				}
+			}
+			if tc.isErr != nil && !tc.isErr(err) {
+				t.Fatalf("run error %v is of the wrong kind", err)
+			}
+			var running []string
+			for _, f := range rep.Forks {
+				running = append(running, f.ID)
+			}
+			for _, c := range []struct {
+				what      string
+				got, want []string
+			}{
+				{"started", tc.fake.started, tc.wantStarted},
+				{"reported by progress", progress, tc.wantStarted},
+				{"reported running", running, tc.wantRunning},
+				{"removed", tc.fake.removed, tc.wantRemoved},
+				{"reported removed", rep.Removed, tc.wantRemoved},
+			} {
+				if !reflect.DeepEqual(c.got, c.want) {
+					t.Errorf("%s: %v, want %v", c.what, c.got, c.want)
+				}
+			}
+		})
+	}
+}
