@@ -85,6 +85,8 @@ apt_packages() {
   step_end "apt packages" "installed ${#missing[@]}"
 }
 
+criu_version() { "$1" --version 2>/dev/null | awk -F': ' '/^Version/{print $2; exit}'; }
+
 # criu_ok PATH: PATH is a CRIU >= CRIU_MIN_MAJOR whose `criu check` passes on this kernel.
 criu_ok() {
   local c=$1 v
@@ -118,32 +120,54 @@ fetch_criu_tarball() {
   echo "$CRIU_SHA256  $CRIU_TARBALL" | sha256sum -c --quiet || die "$CRIU_TARBALL: sha256 mismatch, expected $CRIU_SHA256"
 }
 
+# build_criu builds CRIU_VERSION and installs it into the staging tree $CRIU_STAGE (DESTDIR-style, so
+# $CRIU_STAGE$BIN/criu), which stays in the cache: reinstalling the same version skips the build.
+build_criu() {
+  CRIU_STAGE=$CACHE/criu/stage-$CRIU_VERSION
+  local key="$CRIU_VERSION $CRIU_SHA256 $PREFIX"
+  if [ "$(cat "$CRIU_STAGE/.built" 2>/dev/null)" = "$key" ] && criu_ok "$CRIU_STAGE$BIN/criu"; then
+    CRIU_HOW="from the cached build in $CRIU_STAGE"
+    return
+  fi
+  local src=$CACHE/criu/criu-$CRIU_VERSION
+  fetch_criu_tarball
+  rm -rf "$src" "$CRIU_STAGE" && tar -C "$CACHE/criu" -xf "$CRIU_TARBALL"
+  [ -d "$src" ] || die "$CRIU_TARBALL did not unpack to $src"
+  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu
+  run_logged "$LOGS/criu.log" make -C "$src" install-criu DESTDIR="$CRIU_STAGE" PREFIX="$PREFIX" SBINDIR="$BIN"
+  rm -rf "$src"
+  if ! criu_ok "$CRIU_STAGE$BIN/criu"; then
+    "$CRIU_STAGE$BIN/criu" check >&2 || true
+    die "the CRIU $CRIU_VERSION just built fails 'criu check' on kernel $(uname -r); $BIN/criu is left as it was"
+  fi
+  echo "$key" >"$CRIU_STAGE/.built"
+  CRIU_HOW="built"
+}
+
 install_criu() {
   if criu_ok "$BIN/criu"; then
-    say "criu: $("$BIN/criu" --version | awk -F': ' '/^Version/{print $2}') at $BIN/criu passes criu check (skipped)"
+    say "criu: $(criu_version "$BIN/criu") at $BIN/criu passes criu check (skipped)"
     return
   fi
   STEP_T0=$(now)
-  local host
+  local host old=
   host=$(PATH=${PATH#"$BIN:"} command -v criu || true)
   if [ -n "$host" ] && criu_ok "$host"; then
-    ln -sf "$host" "$BIN/criu"
+    ln -sfn "$host" "$BIN/criu"
     step_end "criu" "using the host's $host"
     return
   fi
-  [ -z "$host" ] || say "criu: host's $host is older than $CRIU_MIN_MAJOR.0 or fails 'criu check'; building $CRIU_VERSION"
-  local src=$CACHE/criu/criu-$CRIU_VERSION
-  fetch_criu_tarball
-  rm -rf "$src" && tar -C "$CACHE/criu" -xf "$CRIU_TARBALL"
-  [ -d "$src" ] || die "$CRIU_TARBALL did not unpack to $src"
-  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu
-  run_logged "$LOGS/criu.log" make -C "$src" install-criu PREFIX="$PREFIX" SBINDIR="$BIN"
-  rm -rf "$src"
-  if ! criu_ok "$BIN/criu"; then
-    "$BIN/criu" check >&2 || true
-    die "the CRIU $CRIU_VERSION just built fails 'criu check' on kernel $(uname -r)"
-  fi
-  step_end "criu" "built $CRIU_VERSION into $BIN/criu"
+  [ -z "$host" ] || say "criu: host's $host is older than $CRIU_MIN_MAJOR.0 or fails 'criu check'"
+  [ ! -e "$BIN/criu" ] || old=$(criu_version "$BIN/criu")
+  [ -z "$old" ] || say "criu: replacing $old at $BIN/criu (older than $CRIU_MIN_MAJOR.0 or fails 'criu check')"
+  build_criu
+  # The new criu replaces the old one by a rename: a criu that is running keeps its binary.
+  cp -a "$CRIU_STAGE$PREFIX/include" "$CRIU_STAGE$PREFIX/libexec" "$PREFIX/"
+  install -m 0755 "$CRIU_STAGE$BIN/criu-ns" "$BIN/criu-ns"
+  install -m 0755 "$CRIU_STAGE$BIN/criu" "$BIN/criu.tmp"
+  mv -f "$BIN/criu.tmp" "$BIN/criu"
+  criu_ok "$BIN/criu" || die "$BIN/criu fails 'criu check' after installing it from $CRIU_STAGE"
+  step_end "criu" "$CRIU_VERSION into $BIN/criu, $CRIU_HOW"
 }
 
 # go_install NAME VERSION BINS... -- PKG...: go install PKGs@VERSION into $BIN unless done already.
