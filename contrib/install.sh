@@ -2,7 +2,7 @@
 # install.sh installs everything cklite needs on a Debian 12 machine, from Debian's archive and the
 # Go module proxy only (no image registry, no prebuilt downloads):
 #
-#   CRIU >= 4            host's criu if it passes `criu check`, else 4.1.1 built from Debian's upstream tarball
+#   CRIU >= 4.2          host's criu if it passes `criu check`, else 4.2.1 built from Debian's upstream tarball
 #   containerd, ctr, containerd-shim-runc-v2, runc, nerdctl, CNI plugins, registry, crane
 #                        built from the Go module proxy at the versions pinned in versions.env
 #   apt packages         iptables (CRIU's network lock), libseccomp-dev (the shims), debootstrap (test images)
@@ -64,7 +64,7 @@ preflight() {
 
 APT_PACKAGES=(
   iptables libseccomp-dev debootstrap xz-utils pkg-config make gcc
-  # CRIU's build dependencies (only used when the host has no working CRIU >= 4)
+  # CRIU's build dependencies (only used when the host has no working CRIU >= CRIU_MIN_VERSION)
   libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
   libnl-3-dev libcap-dev libnet1-dev libbsd-dev uuid-dev libnftables-dev libgnutls28-dev libaio-dev
 )
@@ -85,65 +85,93 @@ apt_packages() {
   step_end "apt packages" "installed ${#missing[@]}"
 }
 
-# criu_ok PATH: PATH is a CRIU >= CRIU_MIN_MAJOR whose `criu check` passes on this kernel.
+criu_version() { "$1" --version 2>/dev/null | awk -F': ' '/^Version/{print $2; exit}'; }
+
+# criu_ok PATH: PATH is a CRIU >= CRIU_MIN_VERSION whose `criu check` passes on this kernel.
 criu_ok() {
   local c=$1 v
   [ -x "$c" ] || return 1
-  v=$("$c" --version 2>/dev/null | awk -F': ' '/^Version/{print $2; exit}')
-  [ -n "$v" ] && [ "${v%%.*}" -ge "$CRIU_MIN_MAJOR" ] || return 1
+  v=$(criu_version "$c")
+  [ -n "$v" ] && dpkg --compare-versions "$v" ge "$CRIU_MIN_VERSION" || return 1
   "$c" check >/dev/null 2>&1
 }
 
-# fetch_criu_tarball sets CRIU_TARBALL to the verified orig tarball of trixie's criu source package,
-# fetched with apt-get source through a private apt configuration: the host's apt sources stay as they are.
+# fetch_criu_tarball sets CRIU_TARBALL to the verified orig tarball of the criu source package of
+# CRIU_SUITES, fetched with apt-get source through a private apt configuration: the host's apt sources
+# stay as they are.
 fetch_criu_tarball() {
   CRIU_TARBALL=$CACHE/criu/criu_${CRIU_VERSION}.orig.tar.xz
   if [ -f "$CRIU_TARBALL" ] && echo "$CRIU_SHA256  $CRIU_TARBALL" | sha256sum -c --quiet 2>/dev/null; then
     return
   fi
-  local apt=$CACHE/apt-trixie-src uri version
+  local apt=$CACHE/apt-criu-src uri version suite
   uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/{for(i=2;i<=NF;i++) print $i}' | grep -v -- '-security' | head -n 1)
   [ -n "$uri" ] || uri=$(awk '$1=="deb"{for(i=2;i<=NF;i++) if ($i ~ /^[a-z]+:\/\//) print $i}' /etc/apt/sources.list 2>/dev/null | grep -v -- '-security' | head -n 1)
   [ -n "$uri" ] || die "cannot find a Debian archive URI in /etc/apt/sources.list(.d) to fetch criu's source from"
   mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$CACHE/criu"
-  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri trixie main" >"$apt/sources.list"
+  for suite in $CRIU_SUITES; do
+    echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri $suite main"
+  done >"$apt/sources.list"
   local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/none"
     -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache")
   run_logged "$LOGS/criu.log" apt-get "${opts[@]}" update
   version=$(apt-cache "${opts[@]}" showsrc criu 2>/dev/null | awk '/^Version:/{print $2}' | grep -m1 "^${CRIU_VERSION}-" || true)
-  [ -n "$version" ] || die "trixie's criu source package is no longer $CRIU_VERSION: update CRIU_VERSION and CRIU_SHA256 in versions.env"
-  # The .dsc of this source package may 404 while the orig tarball arrives: judge by the tarball.
+  [ -n "$version" ] || die "no criu $CRIU_VERSION source package in Debian's $CRIU_SUITES any more: update CRIU_VERSION, CRIU_SHA256 and CRIU_SUITES in versions.env"
+  # Part of the source package (the .dsc or the debian.tar.xz) may 404 while the orig tarball arrives:
+  # judge by the tarball.
   (cd "$CACHE/criu" && apt-get "${opts[@]}" source --download-only "criu=$version") >>"$LOGS/criu.log" 2>&1 || true
   [ -f "$CRIU_TARBALL" ] || die "apt-get source did not deliver $(basename "$CRIU_TARBALL") (see $LOGS/criu.log)"
   echo "$CRIU_SHA256  $CRIU_TARBALL" | sha256sum -c --quiet || die "$CRIU_TARBALL: sha256 mismatch, expected $CRIU_SHA256"
 }
 
+# build_criu builds CRIU_VERSION and installs it into the staging tree $CRIU_STAGE (DESTDIR-style, so
+# $CRIU_STAGE$BIN/criu), which stays in the cache: reinstalling the same version skips the build.
+build_criu() {
+  CRIU_STAGE=$CACHE/criu/stage-$CRIU_VERSION
+  local key="$CRIU_VERSION $CRIU_SHA256 $PREFIX"
+  if [ "$(cat "$CRIU_STAGE/.built" 2>/dev/null)" = "$key" ] && criu_ok "$CRIU_STAGE$BIN/criu"; then
+    CRIU_HOW="from the cached build in $CRIU_STAGE"
+    return
+  fi
+  local src=$CACHE/criu/criu-$CRIU_VERSION
+  fetch_criu_tarball
+  rm -rf "$src" "$CRIU_STAGE" && tar -C "$CACHE/criu" -xf "$CRIU_TARBALL"
+  [ -d "$src" ] || die "$CRIU_TARBALL did not unpack to $src"
+  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu
+  run_logged "$LOGS/criu.log" make -C "$src" install-criu DESTDIR="$CRIU_STAGE" PREFIX="$PREFIX" SBINDIR="$BIN"
+  rm -rf "$src"
+  if ! criu_ok "$CRIU_STAGE$BIN/criu"; then
+    "$CRIU_STAGE$BIN/criu" check >&2 || true
+    die "the CRIU $CRIU_VERSION just built fails 'criu check' on kernel $(uname -r); $BIN/criu is left as it was"
+  fi
+  echo "$key" >"$CRIU_STAGE/.built"
+  CRIU_HOW="built"
+}
+
 install_criu() {
   if criu_ok "$BIN/criu"; then
-    say "criu: $("$BIN/criu" --version | awk -F': ' '/^Version/{print $2}') at $BIN/criu passes criu check (skipped)"
+    say "criu: $(criu_version "$BIN/criu") at $BIN/criu passes criu check (skipped)"
     return
   fi
   STEP_T0=$(now)
-  local host
+  local host old=
   host=$(PATH=${PATH#"$BIN:"} command -v criu || true)
   if [ -n "$host" ] && criu_ok "$host"; then
-    ln -sf "$host" "$BIN/criu"
+    ln -sfn "$host" "$BIN/criu"
     step_end "criu" "using the host's $host"
     return
   fi
-  [ -z "$host" ] || say "criu: host's $host is older than $CRIU_MIN_MAJOR.0 or fails 'criu check'; building $CRIU_VERSION"
-  local src=$CACHE/criu/criu-$CRIU_VERSION
-  fetch_criu_tarball
-  rm -rf "$src" && tar -C "$CACHE/criu" -xf "$CRIU_TARBALL"
-  [ -d "$src" ] || die "$CRIU_TARBALL did not unpack to $src"
-  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu
-  run_logged "$LOGS/criu.log" make -C "$src" install-criu PREFIX="$PREFIX" SBINDIR="$BIN"
-  rm -rf "$src"
-  if ! criu_ok "$BIN/criu"; then
-    "$BIN/criu" check >&2 || true
-    die "the CRIU $CRIU_VERSION just built fails 'criu check' on kernel $(uname -r)"
-  fi
-  step_end "criu" "built $CRIU_VERSION into $BIN/criu"
+  [ -z "$host" ] || say "criu: host's $host is older than $CRIU_MIN_VERSION or fails 'criu check'"
+  [ ! -e "$BIN/criu" ] || old=$(criu_version "$BIN/criu")
+  [ -z "$old" ] || say "criu: replacing $old at $BIN/criu (older than $CRIU_MIN_VERSION or fails 'criu check')"
+  build_criu
+  # The new criu replaces the old one by a rename: a criu that is running keeps its binary.
+  cp -a "$CRIU_STAGE$PREFIX/include" "$CRIU_STAGE$PREFIX/libexec" "$PREFIX/"
+  install -m 0755 "$CRIU_STAGE$BIN/criu-ns" "$BIN/criu-ns"
+  install -m 0755 "$CRIU_STAGE$BIN/criu" "$BIN/criu.tmp"
+  mv -f "$BIN/criu.tmp" "$BIN/criu"
+  criu_ok "$BIN/criu" || die "$BIN/criu fails 'criu check' after installing it from $CRIU_STAGE"
+  step_end "criu" "$CRIU_VERSION into $BIN/criu, $CRIU_HOW"
 }
 
 # go_install NAME VERSION BINS... -- PKG...: go install PKGs@VERSION into $BIN unless done already.
