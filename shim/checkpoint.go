@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
+	"github.com/opencontainers/runc/libcontainer/configs"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/runtime"
@@ -259,7 +260,13 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 	if err := ck.remount(ctx, sn, key); err != nil {
 		return err
 	}
-	engine, err := c.createEngine()
+	var stopped func(*configs.Config) error
+	if paused {
+		// The client paused the task around the checkpoint and will resume it: it must not
+		// run between CRIU's restore and the freeze.
+		stopped = func(cfg *configs.Config) error { return runtime.LeaveStoppedOnRestore(cfg, ck.work) }
+	}
+	engine, err := c.createEngine(stopped)
 	if err != nil {
 		return err
 	}
@@ -268,13 +275,7 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 		return err
 	}
 	held.attach(lp)
-	opts := ck.criuOpts(false)
-	if paused && opts.CgroupsMode == "" {
-		// The dump recorded the freezer's FROZEN state; in "full" mode CRIU writes it back
-		// before it lets the restored tasks go, so a paused task does not run for an instant.
-		opts.CgroupsMode = "full"
-	}
-	if err := engine.Restore(lp, opts); err != nil {
+	if err := engine.Restore(lp, ck.criuOpts(false)); err != nil {
 		_ = engine.Destroy()
 		return keepRestoreLog(c.bundle, ck.work, err)
 	}
@@ -289,9 +290,8 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 	c.init.started(lp, pid, statusRunning)
 	ck.s.watchInit(ctx, c)
 	if paused {
-		// The client paused the task around the checkpoint and will resume it.
-		if !engine.Paused() {
-			return fmt.Errorf("restored task %s is not frozen, though paused before the checkpoint: %w", c.id, errdefs.ErrFailedPrecondition)
+		if err := engine.PauseStopped(); err != nil {
+			return err
 		}
 		c.init.setState(statusPaused)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
@@ -90,6 +91,9 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	defer release()
 	rootfs := requestMounts(r)
 	if c.checkpoint != "" {
+		if err := checkpoint.CheckImages(c.checkpoint); err != nil {
+			return nil, err
+		}
 		meta, err := checkpoint.Read(c.checkpoint)
 		switch {
 		case errdefs.IsNotFound(err):
@@ -115,7 +119,7 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 			c.unmountRootfs(ctx)
 		}
 	}()
-	if c.engine, err = c.createEngine(); err != nil {
+	if c.engine, err = c.createEngine(nil); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -159,11 +163,17 @@ func privatePidNS(spec *specs.Spec) bool {
 	return false
 }
 
-// createEngine converts the spec and creates the libcontainer container (its state and cgroup).
-func (c *container) createEngine() (*runtime.Container, error) {
+// createEngine converts the spec and creates the libcontainer container (its state and cgroup),
+// with the configuration changed by adjust if given.
+func (c *container) createEngine(adjust func(*configs.Config) error) (*runtime.Container, error) {
 	cfg, err := runtime.NewConfig(c.bundle, c.spec, c.cfgOpts)
 	if err != nil {
 		return nil, err
+	}
+	if adjust != nil {
+		if err := adjust(cfg); err != nil {
+			return nil, err
+		}
 	}
 	return runtime.Create(c.stateRoot, c.id, cfg)
 }
@@ -226,6 +236,11 @@ func (s *service) launch(ctx context.Context, c *container, p *process, lp *libc
 			pio.Close()
 		}
 	}()
+	if p.init && c.checkpoint != "" {
+		if err := pio.nullPipes(ctx, int(c.opts.IoUid), int(c.opts.IoGid)); err != nil {
+			return err
+		}
+	}
 	// A nil *os.File in an io.Reader/io.Writer would not read as "no stream" to exec.Cmd.
 	if pio.childIn != nil {
 		lp.Stdin = pio.childIn

@@ -50,6 +50,11 @@ func criuErrors(log []byte) []string {
 		if i < 0 {
 			continue
 		}
+		if strings.Contains(line, "RLIMIT_NOFILE") {
+			// CRIU fails to raise its own file limit under a shim's limits and carries on:
+			// never the cause.
+			continue
+		}
 		msg := line[i:]
 		if j := strings.Index(msg, "): "); j >= 0 {
 			msg = msg[j+3:]

@@ -19,6 +19,7 @@ func TestCRIUErrors(t *testing.T) {
 		{
 			name: "message without timestamp and position",
 			log: "(00.001) pie: 1: something\n" +
+				"(00.031) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n" +
 				"(00.061) 502: Error (criu/image.c:542): Unable to open pages-1.img: No such file or directory\n" +
 				"(00.061) Error (criu/cr-restore.c:2320): Restoring FAILED.\n",
 			want: []string{"Unable to open pages-1.img: No such file or directory", "Restoring FAILED."},

@@ -189,6 +189,42 @@ func (p *processIO) pipeTo(ctx context.Context, dst io.WriteCloser, uid, gid int
 	return w, nil
 }
 
+// nullPipes gives each stream the process has no destination for a pipe that behaves like
+// /dev/null: stdin reads EOF, output is discarded. A restore needs them: CRIU hands a restored
+// process the shim's own file for every stdio pipe the process was dumped with, and without one
+// that is the shim's /dev/null, which lies outside the container's mounts and fails the next dump.
+func (p *processIO) nullPipes(ctx context.Context, uid, gid int) error {
+	if p.stdio.Terminal {
+		return nil
+	}
+	var err error
+	if p.childIn == nil {
+		r, w, perr := os.Pipe()
+		if perr != nil {
+			return fmt.Errorf("create stdin pipe: %w", perr)
+		}
+		w.Close()
+		p.childIn = r
+	}
+	if p.childOut == nil {
+		if p.childOut, err = p.pipeTo(ctx, discard{}, uid, gid); err != nil {
+			return err
+		}
+	}
+	if p.childErr == nil {
+		if p.childErr, err = p.pipeTo(ctx, discard{}, uid, gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// discard is the sink of an output nobody reads.
+type discard struct{}
+
+func (discard) Write(b []byte) (int, error) { return len(b), nil }
+func (discard) Close() error                { return nil }
+
 // pipeStdin feeds the stdin FIFO into a pipe read by the process.
 func (p *processIO) pipeStdin(ctx context.Context, uid, gid int) error {
 	in, err := p.openStdin()
