@@ -128,6 +128,11 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		return fmt.Errorf("container %s has no rootfs snapshot to freeze (its rootfs comes from the spec): ask for a memory-only checkpoint (label %s=%s): %w",
 			c.id, checkpoint.ContentsKey, checkpoint.MemoryOnly, errdefs.ErrFailedPrecondition)
 	}
+	if contents.HasMemory() {
+		if meta.Dump.ExternalNetNS, err = c.engine.ExternalNetNS(); err != nil {
+			return err
+		}
+	}
 	switch contents {
 	case checkpoint.FSOnly:
 		return fmt.Errorf("a filesystem-only checkpoint of a running task is not implemented: %w", errdefs.ErrNotImplemented)
@@ -168,6 +173,14 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 		return err
 	}
 	defer held.Close()
+	var netns *os.File
+	if meta.Dump.ExternalNetNS {
+		// Held across the dump: the restore in place gets the very namespace back.
+		if netns, err = runtime.OpenNetNS(c.init.getPid()); err != nil {
+			return err
+		}
+		defer netns.Close()
+	}
 	paused := c.engine.Paused()
 	pid := c.init.getPid()
 	exited := c.init.beginHandover()
@@ -208,7 +221,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 		ck.s.initExited(c, c.init, pid, code)
 		return nil
 	}
-	if rerr := ck.restoreInPlace(ctx, sn, rs.key, held, paused); rerr != nil {
+	if rerr := ck.restoreInPlace(ctx, sn, rs.key, held, netns, paused); rerr != nil {
 		c.init.endHandover()
 		ck.s.initExited(c, c.init, pid, code)
 		if err != nil {
@@ -254,19 +267,27 @@ func (ck *checkpointRun) remount(ctx context.Context, sn snapshots.Snapshotter, 
 }
 
 // restoreInPlace brings the dumped processes back in the same container, on key's current
-// layers, with the stdio pipes they had.
-func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapshotter, key string, held *heldStdio, paused bool) error {
+// layers, with the stdio pipes they had and in the network namespace they left (netns, when
+// the dump left it out).
+func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapshotter, key string, held *heldStdio, netns *os.File, paused bool) error {
 	c := ck.c
 	if err := ck.remount(ctx, sn, key); err != nil {
 		return err
 	}
-	var stopped func(*configs.Config) error
-	if paused {
-		// The client paused the task around the checkpoint and will resume it: it must not
-		// run between CRIU's restore and the freeze.
-		stopped = func(cfg *configs.Config) error { return runtime.LeaveStoppedOnRestore(cfg, ck.work) }
-	}
-	engine, err := c.createEngine(stopped)
+	engine, err := c.createEngine(func(cfg *configs.Config) error {
+		// The container's hooks ran when it was created; run again, a CNI hook would add a
+		// second interface to the namespace that still has the first.
+		cfg.Hooks = nil
+		if named, _ := runtime.SpecNetNS(cfg); netns != nil && !named {
+			runtime.WithNetNS(cfg, netns)
+		}
+		if paused {
+			// The client paused the task around the checkpoint and will resume it: it must
+			// not run between CRIU's restore and the freeze.
+			return runtime.LeaveStoppedOnRestore(cfg, ck.work)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,7 @@ type container struct {
 	init       *process
 	checkpoint string               // image directory to restore from at Start, if created from a checkpoint
 	dumped     checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
+	netns      *os.File             // a new network namespace for that restore, held until it is done
 	spec       *specs.Spec
 	cfgOpts    runtime.ConfigOptions
 	stateRoot  string
@@ -119,7 +120,8 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 			c.unmountRootfs(ctx)
 		}
 	}()
-	if c.engine, err = c.createEngine(nil); err != nil {
+	if c.engine, err = c.createEngine(c.restoreNetNS); err != nil {
+		c.closeNetNS()
 		return nil, err
 	}
 	defer func() {
@@ -137,6 +139,37 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		return nil, err
 	}
 	return c, nil
+}
+
+// restoreNetNS gives a restore whose dump left the network namespace out a namespace to restore
+// into: the one the spec names, or a new one with lo up, which the spec's hooks (CNI) configure.
+func (c *container) restoreNetNS(cfg *configs.Config) error {
+	if c.checkpoint == "" || !c.dumped.ExternalNetNS {
+		return nil
+	}
+	named, private := runtime.SpecNetNS(cfg)
+	if named {
+		return nil
+	}
+	if !private {
+		return fmt.Errorf("checkpoint %s was taken in a network namespace of its own, container %s runs in the host's: %w",
+			c.checkpoint, c.id, errdefs.ErrFailedPrecondition)
+	}
+	f, err := runtime.NewNetNS()
+	if err != nil {
+		return err
+	}
+	c.netns = f
+	runtime.WithNetNS(cfg, f)
+	return nil
+}
+
+// closeNetNS lets go of the restore's network namespace: the restored processes hold it.
+func (c *container) closeNetNS() {
+	if c.netns != nil {
+		c.netns.Close()
+		c.netns = nil
+	}
 }
 
 // moveOwnCgroup gives a container restored from another container's checkpoint a cgroup of its

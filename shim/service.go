@@ -190,6 +190,7 @@ func (s *service) restore(ctx context.Context, c *container) error {
 		work = filepath.Join(c.bundle, "criu-work")
 		defer os.RemoveAll(work)
 	}
+	defer c.closeNetNS()
 	release := s.reaper.hold()
 	defer release()
 	err := s.startInit(ctx, c, func(lp *libcontainer.Process) error {
@@ -294,6 +295,7 @@ func (s *service) deleteContainer(ctx context.Context, c *container) error {
 	for _, e := range execs {
 		_ = e.release(0)
 	}
+	c.closeNetNS() // created, never started
 	ioErr := c.init.release(ioDrainTimeout)
 	release := s.reaper.hold() // poststop hooks fork
 	err := c.engine.Destroy()

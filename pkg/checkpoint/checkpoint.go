@@ -88,6 +88,9 @@ type DumpFlags struct {
 	ExternalUnixSockets bool `json:"externalUnixSockets,omitempty"`
 	Terminal            bool `json:"terminal,omitempty"`
 	FileLocks           bool `json:"fileLocks,omitempty"`
+	// ExternalNetNS: the network namespace was left out of the dump; a restore must be given
+	// one (the spec's, or a new one).
+	ExternalNetNS bool `json:"externalNetNS,omitempty"`
 }
 
 // NewID returns a fresh checkpoint id: 12 hex digits, short enough to type.

@@ -1,0 +1,119 @@
+package runtime
+
+import (
+	"fmt"
+	"os"
+	goruntime "runtime"
+	"strings"
+
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"golang.org/x/sys/unix"
+)
+
+// A checkpoint leaves the container's network namespace out of the CRIU dump as an external
+// namespace, the way libcontainer does for a namespace the spec names by path (a CRI pod's):
+// CRIU does not dump network devices anyway, and an external namespace can be handed back to the
+// restore. The in-place restore of a leave-running checkpoint gets the very namespace the
+// processes left, held open across the dump: same interfaces, addresses and routes, lo up, and
+// established TCP connections restorable. A restore into a new task gets the namespace the spec
+// names, or a new one with lo up (which CNI hooks then configure, as at create).
+
+// ExternalNetNS makes the next dump leave the container's network namespace out as external,
+// and reports whether the container has one of its own to leave out. A namespace the spec
+// created (no path) is named by its /proc path for the dump; libcontainer reads it from the
+// configuration.
+func (c *Container) ExternalNetNS() (bool, error) {
+	cfg := c.lc.Config()
+	if !cfg.Namespaces.Contains(configs.NEWNET) {
+		return false, nil // the host's network
+	}
+	path := cfg.Namespaces.PathOf(configs.NEWNET)
+	if path != "" && !strings.HasPrefix(path, "/proc/") {
+		return true, nil // a namespace the spec names (a CRI pod's): libcontainer handles it
+	}
+	pid := c.InitPid()
+	if pid == 0 {
+		return false, fmt.Errorf("container has no init to find its network namespace")
+	}
+	own := fmt.Sprintf("/proc/%d/ns/net", pid)
+	if path == own {
+		return true, nil
+	}
+	cfg.Namespaces.Add(configs.NEWNET, own)
+	if err := c.lc.Set(cfg); err != nil {
+		return false, wrap("name the network namespace for the dump", err)
+	}
+	return true, nil
+}
+
+// OpenNetNS opens the network namespace of process pid: holding it keeps the namespace, its
+// devices and their addresses alive while no process is in it.
+func OpenNetNS(pid int) (*os.File, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return nil, fmt.Errorf("open network namespace of %d: %w", pid, err)
+	}
+	return f, nil
+}
+
+// NewNetNS creates a network namespace with lo up, held by the returned file.
+func NewNetNS() (*os.File, error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// The thread enters the new namespace and never leaves it: it is not unlocked, so Go
+		// ends it with the goroutine instead of handing it to other goroutines.
+		goruntime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("create network namespace: %w", err)}
+			return
+		}
+		if err := loUp(); err != nil {
+			ch <- result{err: err}
+			return
+		}
+		f, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		ch <- result{f, err}
+	}()
+	r := <-ch
+	return r.f, r.err
+}
+
+// loUp brings up the loopback device of the calling thread's network namespace.
+func loUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket to set lo up: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("flags of lo: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
+}
+
+// WithNetNS makes a configuration's network namespace the one held by f, for a restore of a
+// dump that left it out (libcontainer hands the path's namespace to CRIU).
+func WithNetNS(cfg *configs.Config, f *os.File) {
+	cfg.Namespaces.Add(configs.NEWNET, fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()))
+}
+
+// SpecNetNS reports whether the configuration joins a network namespace by path, and whether it
+// has one of its own at all.
+func SpecNetNS(cfg *configs.Config) (named, private bool) {
+	if !cfg.Namespaces.Contains(configs.NEWNET) {
+		return false, false
+	}
+	return cfg.Namespaces.PathOf(configs.NEWNET) != "", true
+}
