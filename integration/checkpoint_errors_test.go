@@ -9,12 +9,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -285,4 +287,46 @@ func serveUnix(t *testing.T, path string) <-chan net.Conn {
 	}()
 	t.Cleanup(func() { l.Close() })
 	return accepted
+}
+
+// TestCheckpointRefusedWhileExecRuns: a process started with exec is outside the init's process
+// tree that CRIU dumps, so a memory checkpoint while one runs would lose it; it is refused, naming
+// the exec, and leaves the task, the exec'd process and the checkpoint list as they were. Once
+// the exec'd process is gone the checkpoint is taken.
+func TestCheckpointRefusedWhileExecRuns(t *testing.T) {
+	e := newCkEnv(t)
+	_, task, cnt := e.startCounter(t, "execs")
+	p := e.newExec(t, task, cio.NullIO, "sleep", "1000")
+	if err := p.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	exited, err := p.Wait(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := cnt.advance(t, 2)
+	leasesBefore := e.leaseIDs(t)
+
+	err = e.checkpointErr(task, checkpointDir(t, e.d, "refused"), nil)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), p.ID()) {
+		t.Fatalf("checkpoint with a running exec'd process: %v, want FailedPrecondition naming exec %s", err, p.ID())
+	}
+	e.expectStatus(t, task, client.Running, "after the refused checkpoint")
+	expectContinues(t, cnt, at)
+	if st, err := p.Status(e.ctx); err != nil || st.Status != client.Running {
+		t.Fatalf("the exec'd process after the refused checkpoint: %+v %v, want running", st, err)
+	}
+	if after := e.leaseIDs(t); !slices.Equal(after, leasesBefore) {
+		t.Fatalf("leases before the refused checkpoint %v, after it %v", leasesBefore, after)
+	}
+
+	if err := p.Kill(e.ctx, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	if _, err := p.Delete(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.checkpointTo(t, task, checkpointDir(t, e.d, "accepted"), nil)
+	e.expectStatus(t, task, client.Running, "after the checkpoint")
 }

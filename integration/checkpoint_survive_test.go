@@ -60,21 +60,6 @@ func TestCheckpointSurvives(t *testing.T) {
 			want:  regexp.MustCompile(`^sleep 1000 pid=\d+ ppid=1; sleep 1001 pid=\d+ ppid=1; sleep 1002 pid=\d+ ppid=\d+ grandparent=1; counter=\S+ \d+$`),
 		},
 		{
-			name: "exec'd process",
-			spec: []oci.SpecOpts{counterSpec},
-			setup: func(t *testing.T, s *survivor) {
-				s.e.startExec(t, s.task, "sh", "-c", probeScript("exec"))
-			},
-			state: func(t *testing.T, s *survivor) string {
-				// Its parent is outside the container: a dump of init's tree alone misses it.
-				if ps := s.e.exec(t, s.task, "ps", "-o", "pid,args"); !strings.Contains(ps, "probe-exec") {
-					t.Fatalf("the exec'd process is not in the container; ps shows:\n%s", ps)
-				}
-				return probe(t, s.rootfs, "exec")
-			},
-			want: regexp.MustCompile(`^pid=\d+ token=[0-9a-f-]{36}$`),
-		},
-		{
 			name: "terminal",
 			spec: []oci.SpecOpts{oci.WithProcessArgs("sh"), oci.WithTTY},
 			tty:  true,
@@ -290,14 +275,6 @@ func (e *ckEnv) exec(t *testing.T, task client.Task, args ...string) string {
 		t.Fatalf("exec %q in %s exited %d: %s", args, task.ID(), status.ExitCode(), stderr.String())
 	}
 	return stdout.String()
-}
-
-// startExec starts args in task, without stdio, and leaves it running.
-func (e *ckEnv) startExec(t *testing.T, task client.Task, args ...string) {
-	t.Helper()
-	if err := e.newExec(t, task, cio.NullIO, args...).Start(e.ctx); err != nil {
-		t.Fatalf("exec %q in %s: %v", args, task.ID(), err)
-	}
 }
 
 // newExec creates an exec process of args in task with the init's spec, without a terminal.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -129,6 +131,9 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			c.id, checkpoint.ContentsKey, checkpoint.MemoryOnly, errdefs.ErrFailedPrecondition)
 	}
 	if contents.HasMemory() {
+		if err := c.noRunningExecs(); err != nil {
+			return err
+		}
 		if meta.Dump.ExternalNetNS, err = c.engine.ExternalNetNS(); err != nil {
 			return err
 		}
@@ -376,4 +381,24 @@ func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta chec
 		return nil, fmt.Errorf("stack rootfs snapshot %s on frozen layer %s of checkpoint %s: %w", rs.key, meta.Frozen, meta.ID, err)
 	}
 	return mounts, nil
+}
+
+// noRunningExecs refuses a dump while processes started with exec run: their parent is the shim,
+// outside the init's process tree that CRIU dumps, so the dump would leave them out and (with
+// the init's PID namespace gone) kill them.
+func (c *container) noRunningExecs() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.runningExecs == 0 {
+		return nil
+	}
+	var ids []string
+	for id, p := range c.execs {
+		if p.status() == statusRunning {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return fmt.Errorf("container %s has %d process(es) started with exec still running (%s): CRIU dumps only the init's process tree, which they are not part of; wait for them or kill them first: %w",
+		c.id, c.runningExecs, strings.Join(ids, ", "), errdefs.ErrFailedPrecondition)
 }
