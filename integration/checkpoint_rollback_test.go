@@ -6,11 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/oci"
 
 	"github.com/cklite/cklite/integration/workload"
 	"github.com/cklite/cklite/pkg/checkpoint"
@@ -165,4 +168,100 @@ func TestCheckpointPaused(t *testing.T) {
 	cnt.waitFor(t, fmt.Sprintf("the restored counter to count on past %d with token %s", frozen.N, frozen.Token), func(x workload.Count) bool {
 		return x.Token == frozen.Token && x.N > frozen.N+3
 	})
+}
+
+// TestCheckpointContents: the annotation (or label) cklite.io/checkpoint-contents asks for half a
+// checkpoint. A filesystem-only checkpoint runs no CRIU: the task is not dumped (same init) and a
+// rollback starts the process afresh on the checkpoint's files. A memory-only checkpoint freezes
+// no layer: a rollback restores the processes on the container's current files.
+func TestCheckpointContents(t *testing.T) {
+	e := newCkEnv(t)
+	for _, tc := range []struct {
+		contents checkpoint.Contents
+		check    func(t *testing.T, dir string, m checkpoint.Meta)
+		rolled   func(t *testing.T, cnt counter, at workload.Count, tag string)
+	}{
+		{
+			contents: checkpoint.FSOnly,
+			check: func(t *testing.T, dir string, m checkpoint.Meta) {
+				if _, err := os.Stat(filepath.Join(dir, "inventory.img")); !os.IsNotExist(err) {
+					t.Fatalf("a filesystem-only checkpoint wrote CRIU images (inventory.img: %v)", err)
+				}
+				if m.Frozen != checkpoint.FrozenName(m.ID) {
+					t.Fatalf("filesystem-only checkpoint %s has frozen layer %q", m.ID, m.Frozen)
+				}
+				if _, err := e.sn.Stat(e.ctx, m.Frozen); err != nil {
+					t.Fatalf("frozen layer of the filesystem-only checkpoint: %v", err)
+				}
+			},
+			rolled: func(t *testing.T, cnt counter, at workload.Count, tag string) {
+				expectMarks(t, cnt.Rootfs, tag)
+				cnt.waitFor(t, "a counter started afresh", func(x workload.Count) bool { return x.Token != at.Token })
+			},
+		},
+		{
+			contents: checkpoint.MemoryOnly,
+			check: func(t *testing.T, dir string, m checkpoint.Meta) {
+				if m.Frozen != "" {
+					t.Fatalf("memory-only checkpoint %s froze layer %q", m.ID, m.Frozen)
+				}
+			},
+			rolled: func(t *testing.T, cnt counter, at workload.Count, tag string) {
+				if _, err := os.Stat(filepath.Join(cnt.Rootfs, marksDir, "written-after-"+tag)); err != nil {
+					t.Fatalf("a memory-only rollback did not keep the current files: %v", err)
+				}
+				cnt.expectRestored(t, at)
+			},
+		},
+	} {
+		t.Run(string(tc.contents), func(t *testing.T) {
+			id := "contents-" + strings.ReplaceAll(string(tc.contents), "+", "")
+			c := e.newContainer(t, id, e.img, counterSpec, oci.WithAnnotations(map[string]string{checkpoint.ContentsKey: string(tc.contents)}))
+			task, err := startTask(e.ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cnt := newCounter(e.d.RootfsPath(id))
+			tag := string(tc.contents)
+			writeMarks(t, cnt.Rootfs, tag)
+			at := cnt.advance(t, 3)
+			pid := task.Pid()
+			dir := checkpointDir(t, e.d, id)
+			start := time.Now()
+			if err := e.checkpointErr(task, dir, nil); err != nil {
+				t.Fatalf("%s checkpoint: %v", tc.contents, err)
+			}
+			logTiming(t, string(tc.contents)+" checkpoint", start)
+			m, err := checkpoint.Read(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Contents != tc.contents {
+				t.Fatalf("checkpoint %s records contents %q, want %q", m.ID, m.Contents, tc.contents)
+			}
+			tc.check(t, dir, m)
+			if tc.contents == checkpoint.FSOnly {
+				if st, err := task.Status(e.ctx); err != nil || st.Status != client.Running {
+					t.Fatalf("after a filesystem-only checkpoint the task is %+v (%v)", st, err)
+				}
+				if now := pidOf(t, e, task); now != pid {
+					t.Fatalf("a filesystem-only checkpoint changed init's pid from %d to %d: it was dumped", pid, now)
+				}
+			}
+			expectContinues(t, cnt, at)
+			changeMarks(t, cnt.Rootfs, tag)
+			e.rollback(t, c, dir)
+			tc.rolled(t, cnt, at, tag)
+		})
+	}
+}
+
+// pidOf asks the shim (not the client's cache) for the pid of task's init.
+func pidOf(t *testing.T, e *ckEnv, task client.Task) uint32 {
+	t.Helper()
+	st, err := e.d.Client().TaskService().Get(e.ctx, &tasks.GetRequest{ContainerID: task.ID()})
+	if err != nil {
+		t.Fatalf("task %s: %v", task.ID(), err)
+	}
+	return st.Process.Pid
 }

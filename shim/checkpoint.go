@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/runtime"
@@ -79,6 +80,7 @@ type checkpointRun struct {
 	c          *container
 	opts       *options.CheckpointOptions
 	path, work string
+	lm         leases.Manager
 }
 
 func (ck *checkpointRun) criuOpts(exit bool) runtime.CheckpointOpts {
@@ -106,6 +108,18 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	if err != nil {
 		return err
 	}
+	if ck.lm, err = ck.s.daemon.leases(); err != nil {
+		return err
+	}
+	// Everything the checkpoint creates in containerd is held by this lease until the
+	// checkpoint's own lease holds it: containerd's collector never sees the frozen layer
+	// unreferenced in between.
+	work, err := ck.lm.Create(ctx, leases.WithRandomID(), leases.WithExpiration(10*time.Minute))
+	if err != nil {
+		return fmt.Errorf("lease for the checkpoint: %w", err)
+	}
+	defer ck.lm.Delete(context.WithoutCancel(ctx), work) //nolint:errcheck
+	ctx = leases.WithLease(ctx, work.ID)
 	meta := checkpoint.Meta{
 		ID:        checkpoint.NewID(),
 		Namespace: ns,
@@ -138,22 +152,71 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			return err
 		}
 	}
+	meta.Snapshotter = rs.snapshotter
 	switch contents {
 	case checkpoint.FSOnly:
-		return fmt.Errorf("a filesystem-only checkpoint of a running task is not implemented: %w", errdefs.ErrNotImplemented)
+		meta.Frozen = checkpoint.FrozenName(meta.ID)
+		return ck.filesystemOnly(ctx, rs, meta)
 	case checkpoint.MemoryOnly:
+		meta.Snapshotter = ""
 		if err := c.engine.Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
 			return keepDumpLog(c.bundle, ck.work, err)
 		}
-		lm, err := ck.s.daemon.leases()
-		if err != nil {
-			return err
-		}
-		return ck.record(ctx, lm, meta)
+		return ck.record(ctx, meta)
 	}
-	meta.Snapshotter = rs.snapshotter
 	meta.Frozen = checkpoint.FrozenName(meta.ID)
 	return ck.withRootfs(ctx, rs, meta)
+}
+
+// filesystemOnly freezes a copy of the rootfs upper without CRIU: the task is frozen in its
+// cgroup for the copy (unless the client paused it already) and runs on, on its own upper,
+// afterwards; with Exit it is killed once the copy is recorded.
+func (ck *checkpointRun) filesystemOnly(ctx context.Context, rs rootfsSnapshot, meta checkpoint.Meta) error {
+	c := ck.c
+	sn, err := ck.s.daemon.snapshotter(rs.snapshotter)
+	if err != nil {
+		return err
+	}
+	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
+		return err
+	}
+	pause := !c.engine.Paused()
+	if pause {
+		if err := c.engine.Pause(); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	err = ck.copyRootfs(ctx, sn, rs.key, meta)
+	copied := time.Since(start)
+	if pause {
+		if rerr := c.engine.Resume(); rerr != nil && err == nil {
+			err = fmt.Errorf("resume the task after its filesystem-only checkpoint: %w", rerr)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	log.G(ctx).WithFields(log.Fields{"id": meta.ID, "copy": copied}).Info("filesystem-only checkpoint")
+	if ck.opts.Exit {
+		return c.engine.Signal(unix.SIGKILL, true)
+	}
+	return nil
+}
+
+// copyRootfs freezes a copy of key's upper as the checkpoint's layer and records it; a copy that
+// cannot be recorded is removed again.
+func (ck *checkpointRun) copyRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
+	if err := freeze.Copy(ctx, sn, nil, key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID}); err != nil {
+		return err
+	}
+	if err := ck.record(ctx, meta); err != nil {
+		if rerr := sn.Remove(context.WithoutCancel(ctx), meta.Frozen); rerr != nil {
+			log.G(ctx).WithError(rerr).WithField("frozen", meta.Frozen).Warn("remove the unrecorded copy")
+		}
+		return err
+	}
+	return nil
 }
 
 // withRootfs dumps the processes (CRIU kills them), freezes the unmounted rootfs, records the
@@ -163,10 +226,6 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta checkpoint.Meta) error {
 	c := ck.c
 	sn, err := ck.s.daemon.snapshotter(rs.snapshotter)
-	if err != nil {
-		return err
-	}
-	lm, err := ck.s.daemon.leases()
 	if err != nil {
 		return err
 	}
@@ -206,11 +265,11 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 		err = c.unmountRootfs(ctx)
 	}
 	if err == nil {
-		err = freeze.Freeze(ctx, sn, lm, rs.key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID})
+		err = freeze.Freeze(ctx, sn, nil, rs.key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID})
 	}
 	frozen := err == nil
 	if frozen {
-		err = ck.record(ctx, lm, meta)
+		err = ck.record(ctx, meta)
 		if err != nil {
 			// Unfreezing is not possible; the layer stays in the chain, unrecorded, and the
 			// collector frees it with the container.
@@ -245,7 +304,11 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 }
 
 // record writes the metadata into the image directory and creates the checkpoint's lease.
-func (ck *checkpointRun) record(ctx context.Context, lm leases.Manager, meta checkpoint.Meta) error {
+func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error {
+	// Without CRIU (a filesystem-only checkpoint) nothing has made the directory yet.
+	if err := os.MkdirAll(ck.path, 0o700); err != nil {
+		return fmt.Errorf("checkpoint image directory: %w", err)
+	}
 	var err error
 	if meta.MemoryBytes, err = checkpoint.ImageSize(ck.path); err != nil {
 		return fmt.Errorf("size of checkpoint images: %w", err)
@@ -255,7 +318,7 @@ func (ck *checkpointRun) record(ctx context.Context, lm leases.Manager, meta che
 	}
 	// Only a directory the client named outlives the call; the daemon's temporary one does not.
 	rec := checkpoint.Record{Meta: meta, ImagePath: ck.opts.ImagePath}
-	if _, err := checkpoint.Hold(ctx, lm, rec); err != nil {
+	if _, err := checkpoint.Hold(ctx, ck.lm, rec); err != nil {
 		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
 		return err
 	}

@@ -92,24 +92,8 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	defer release()
 	rootfs := requestMounts(r)
 	if c.checkpoint != "" {
-		if err := checkpoint.CheckImages(c.checkpoint); err != nil {
+		if rootfs, err = s.prepareRestore(ctx, ns, c, rootfs); err != nil {
 			return nil, err
-		}
-		meta, err := checkpoint.Read(c.checkpoint)
-		switch {
-		case errdefs.IsNotFound(err):
-			// A stock CRIU image: memory only, on the container's current rootfs.
-		case err != nil:
-			return nil, err
-		default:
-			c.dumped = meta.Dump
-			moveOwnCgroup(spec, meta.Container, c.id)
-			if meta.Contents.HasFS() {
-				// A cklite checkpoint brings its filesystem: the rootfs is stacked on its frozen layer.
-				if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {
-					return nil, err
-				}
-			}
 		}
 	}
 	if err := c.mountRootfs(rootfs); err != nil {
@@ -139,6 +123,36 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		return nil, err
 	}
 	return c, nil
+}
+
+// prepareRestore reads the checkpoint c is created from and returns the rootfs to mount for it:
+// a cklite checkpoint with a filesystem brings its own (a fresh upper on its frozen layer); a
+// memory-only or stock CRIU image restores on the container's current rootfs. A checkpoint of the
+// filesystem alone leaves nothing for CRIU: the process then starts afresh on that filesystem.
+func (s *service) prepareRestore(ctx context.Context, ns string, c *container, rootfs []mount.Mount) ([]mount.Mount, error) {
+	meta, err := checkpoint.Read(c.checkpoint)
+	if errdefs.IsNotFound(err) {
+		return rootfs, checkpoint.CheckImages(c.checkpoint) // a stock CRIU image
+	}
+	if err != nil {
+		return nil, err
+	}
+	if meta.Contents.HasMemory() {
+		if err := checkpoint.CheckImages(c.checkpoint); err != nil {
+			return nil, err
+		}
+	}
+	c.dumped = meta.Dump
+	moveOwnCgroup(c.spec, meta.Container, c.id)
+	if meta.Contents.HasFS() {
+		if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {
+			return nil, err
+		}
+	}
+	if !meta.Contents.HasMemory() {
+		c.checkpoint = ""
+	}
+	return rootfs, nil
 }
 
 // restoreNetNS gives a restore whose dump left the network namespace out a namespace to restore
