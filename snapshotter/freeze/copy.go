@@ -29,17 +29,11 @@ func Copy(ctx context.Context, sn snapshots.Snapshotter, lm leases.Manager, key,
 	if err != nil {
 		return err
 	}
-	if _, ok := leases.FromContext(ctx); !ok {
-		if lm == nil {
-			return fmt.Errorf("copying %s: no lease in the context and no lease manager: %w", key, errdefs.ErrInvalidArgument)
-		}
-		lease, err := lm.Create(ctx, leases.WithRandomID(), leases.WithExpiration(leaseExpiry))
-		if err != nil {
-			return fmt.Errorf("copying %s: %w", key, err)
-		}
-		defer lm.Delete(context.WithoutCancel(ctx), lease) //nolint:errcheck
-		ctx = leases.WithLease(ctx, lease.ID)
+	ctx, done, err := leased(ctx, lm)
+	if err != nil {
+		return fmt.Errorf("copying %s: %w", key, err)
 	}
+	defer done()
 	tmp := "cklite/copying/" + name
 	ms, err := sn.Prepare(ctx, tmp, info.Parent)
 	if err != nil {

@@ -41,19 +41,13 @@ func Freeze(ctx context.Context, sn snapshots.Snapshotter, lm leases.Manager, ke
 	if info.Kind != snapshots.KindActive {
 		return fmt.Errorf("freezing %s: it is a %s snapshot, only an active one can be frozen: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
 	}
-	if _, ok := leases.FromContext(ctx); !ok {
-		if lm == nil {
-			return fmt.Errorf("freezing %s: no lease in the context and no lease manager: %w", key, errdefs.ErrInvalidArgument)
-		}
-		lease, err := lm.Create(ctx, leases.WithRandomID(), leases.WithExpiration(leaseExpiry))
-		if err != nil {
-			return fmt.Errorf("freezing %s: %w", key, err)
-		}
-		// Deleting the lease only drops its protection: by then the container refers to key, and
-		// key to name, or the caller's labels keep name.
-		defer lm.Delete(context.WithoutCancel(ctx), lease) //nolint:errcheck
-		ctx = leases.WithLease(ctx, lease.ID)
+	// Deleting the lease only drops its protection: by then the container refers to key, and
+	// key to name, or the caller's labels keep name.
+	ctx, done, err := leased(ctx, lm)
+	if err != nil {
+		return fmt.Errorf("freezing %s: %w", key, err)
 	}
+	defer done()
 	if err := sn.Commit(ctx, name, key, snapshots.WithLabels(labels)); err != nil {
 		return fmt.Errorf("freezing %s as %s: %w", key, name, err)
 	}
@@ -63,4 +57,21 @@ func Freeze(ctx context.Context, sn snapshots.Snapshotter, lm leases.Manager, ke
 		return fmt.Errorf("froze %s as %s, but preparing %s again on it failed (retry: prepare %s on %s): %w", key, name, key, key, name, err)
 	}
 	return nil
+}
+
+// leased returns ctx with a lease for the snapshots a freeze creates: the caller's, or a new one
+// from lm that done deletes.
+func leased(ctx context.Context, lm leases.Manager) (context.Context, func(), error) {
+	if _, ok := leases.FromContext(ctx); ok {
+		return ctx, func() {}, nil
+	}
+	if lm == nil {
+		return nil, nil, fmt.Errorf("no lease in the context and no lease manager: %w", errdefs.ErrInvalidArgument)
+	}
+	lease, err := lm.Create(ctx, leases.WithRandomID(), leases.WithExpiration(leaseExpiry))
+	if err != nil {
+		return nil, nil, err
+	}
+	done := func() { _ = lm.Delete(context.WithoutCancel(ctx), lease) }
+	return leases.WithLease(ctx, lease.ID), done, nil
 }
