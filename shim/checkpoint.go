@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/config"
 	"github.com/cklite/cklite/runtime"
 	"github.com/cklite/cklite/snapshotter/freeze"
 )
@@ -135,9 +136,11 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			FileLocks:           ck.opts.FileLocks,
 		},
 	}
-	if ttl, ok, err := checkpoint.RequestedTTL(c.spec.Annotations, rs.labels); err != nil {
+	ttl, err := checkpointTTL(c.spec.Annotations, rs.labels)
+	if err != nil {
 		return err
-	} else if ok {
+	}
+	if ttl > 0 {
 		meta.Expires = meta.Created.Add(ttl)
 	}
 	if contents.HasFS() && (rs.key == "" || c.rootfs == "") {
@@ -464,4 +467,17 @@ func (c *container) noRunningExecs() error {
 	sort.Strings(ids)
 	return fmt.Errorf("container %s has %d process(es) started with exec still running (%s): CRIU dumps only the init's process tree, which they are not part of; wait for them or kill them first: %w",
 		c.id, c.runningExecs, strings.Join(ids, ", "), errdefs.ErrFailedPrecondition)
+}
+
+// checkpointTTL is how long a checkpoint lives: what its container asks for, else the shim
+// configuration's default; 0 is forever.
+func checkpointTTL(annotations, labels map[string]string) (time.Duration, error) {
+	if ttl, ok, err := checkpoint.RequestedTTL(annotations, labels); err != nil || ok {
+		return ttl, err
+	}
+	cfg, err := config.LoadShim()
+	if err != nil {
+		return 0, err
+	}
+	return cfg.DefaultTTL()
 }

@@ -49,21 +49,27 @@ func LoadSnapshotter(path string) (Snapshotter, error) {
 		ContainerdAddress: DefaultContainerdAddress,
 		LogLevel:          "info",
 	}
+	return c, decodeFile(path, DefaultSnapshotterConfig, &c)
+}
+
+// decodeFile decodes the TOML file path into v, refusing unknown keys. A missing file at the
+// default path is not an error: v keeps its defaults; any other missing file is.
+func decodeFile(path, defaultPath string, v any) error {
 	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) && path == DefaultSnapshotterConfig {
-		return c, nil
+	if errors.Is(err, fs.ErrNotExist) && path == defaultPath {
+		return nil
 	}
 	if err != nil {
-		return c, fmt.Errorf("reading configuration: %w", err)
+		return fmt.Errorf("reading configuration: %w", err)
 	}
 	d := toml.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
-	if err := d.Decode(&c); err != nil {
+	if err := d.Decode(v); err != nil {
 		var details *toml.StrictMissingError
 		if errors.As(err, &details) {
-			return c, fmt.Errorf("configuration %s: %s", path, details.String())
+			return fmt.Errorf("configuration %s: %s", path, details.String())
 		}
-		return c, fmt.Errorf("configuration %s: %w", path, err)
+		return fmt.Errorf("configuration %s: %w", path, err)
 	}
-	return c, nil
+	return nil
 }

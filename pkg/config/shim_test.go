@@ -1,0 +1,48 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadShim(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		file    string // "" : no file at the named path
+		wantTTL time.Duration
+		wantErr string
+	}{
+		{name: "ttl", file: `checkpoint_ttl = "36h"`, wantTTL: 36 * time.Hour},
+		{name: "empty", file: "\n"},
+		{name: "bad ttl", file: `checkpoint_ttl = "soon"`, wantErr: "checkpoint_ttl"},
+		{name: "negative ttl", file: `checkpoint_ttl = "-1h"`, wantErr: "positive"},
+		{name: "unknown key", file: `ttl = "1h"`, wantErr: "ttl"},
+		{name: "named file missing", wantErr: "reading configuration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "shim.toml")
+			if tc.file != "" {
+				if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Setenv(ShimConfigEnv, path)
+			c, err := LoadShim()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("LoadShim = %+v, %v; want an error naming %q", c, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl, _ := c.DefaultTTL(); ttl != tc.wantTTL {
+				t.Fatalf("DefaultTTL = %v, want %v", ttl, tc.wantTTL)
+			}
+		})
+	}
+}
