@@ -12,8 +12,10 @@ import (
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/integration/workload"
 	"github.com/cklite/cklite/pkg/checkpoint"
@@ -264,4 +266,53 @@ func pidOf(t *testing.T, e *ckEnv, task client.Task) uint32 {
 		t.Fatalf("task %s: %v", task.ID(), err)
 	}
 	return st.Process.Pid
+}
+
+// TestCheckpointTTL: cklite.io/checkpoint-ttl gives a checkpoint an expiry that containerd's
+// collector enforces: once expired its lease is gone, but its frozen layer stays while the
+// container's rootfs is stacked on it, and goes with the container.
+func TestCheckpointTTL(t *testing.T) {
+	e := newCkEnv(t)
+	const id = "ttl"
+	c := e.newContainer(t, id, e.img, counterSpec, oci.WithAnnotations(map[string]string{checkpoint.TTLKey: "2s"}))
+	task, err := startTask(e.ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := e.checkpointTo(t, task, checkpointDir(t, e.d, id), nil)
+	if d := m.Expires.Sub(m.Created); d != 2*time.Second {
+		t.Fatalf("checkpoint %s expires %v after its creation, want 2s", m.ID, d)
+	}
+	e.record(t, m.ID) // listed until it expires
+
+	time.Sleep(time.Until(m.Expires) + time.Second)
+	e.collectGarbage(t)
+	for _, r := range e.records(t) {
+		if r.ID == m.ID {
+			t.Fatalf("checkpoint %s is still listed after its expiry and a garbage collection", m.ID)
+		}
+	}
+	if _, err := e.sn.Stat(e.ctx, m.Frozen); err != nil {
+		t.Fatalf("the expired checkpoint's layer went while the container's rootfs is stacked on it: %v", err)
+	}
+	e.deleteTask(t, c)
+	if err := c.Delete(e.ctx, client.WithSnapshotCleanup); err != nil {
+		t.Fatal(err)
+	}
+	e.collectGarbage(t)
+	if _, err := e.sn.Stat(e.ctx, m.Frozen); !errdefs.IsNotFound(err) {
+		t.Fatalf("the expired checkpoint's layer outlives its container: %v", err)
+	}
+}
+
+// collectGarbage runs containerd's collector now: deleting a lease synchronously does.
+func (e *ckEnv) collectGarbage(t *testing.T) {
+	t.Helper()
+	l, err := e.lm.Create(e.ctx, leases.WithRandomID())
+	if err == nil {
+		err = e.lm.Delete(e.ctx, l, leases.SynchronousDelete)
+	}
+	if err != nil {
+		t.Fatalf("garbage collection: %v", err)
+	}
 }
