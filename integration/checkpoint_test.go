@@ -14,14 +14,11 @@ package integration
 // This file has the helpers and the three client flows; checkpoint_*_test.go the rest.
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -33,15 +30,11 @@ import (
 
 	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/content"
-	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cklite/cklite/integration/harness"
 	"github.com/cklite/cklite/integration/workload"
@@ -497,55 +490,11 @@ func (e *ckEnv) metaOfImage(t *testing.T, img client.Image) checkpoint.Meta {
 	if os.Getenv("CK_CALIBRATE") != "" {
 		return checkpoint.Meta{}
 	}
-	cs := e.d.Client().ContentStore()
-	data, err := content.ReadBlob(e.ctx, cs, img.Target())
+	m, err := checkpoint.FromImage(e.ctx, e.d.Client().ContentStore(), img.Target())
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("checkpoint image %s: %v", img.Name(), err)
 	}
-	var index ocispec.Index
-	if err := json.Unmarshal(data, &index); err != nil {
-		t.Fatalf("index of checkpoint image %s: %v", img.Name(), err)
-	}
-	i := slices.IndexFunc(index.Manifests, func(d ocispec.Descriptor) bool { return d.MediaType == images.MediaTypeContainerd1Checkpoint })
-	if i < 0 {
-		t.Fatalf("checkpoint image %s has no CRIU image (%s)", img.Name(), images.MediaTypeContainerd1Checkpoint)
-	}
-	ra, err := cs.ReaderAt(e.ctx, index.Manifests[i])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ra.Close()
-	r, err := compression.DecompressStream(content.NewReader(ra))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	tr := tar.NewReader(r)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			t.Fatalf("the CRIU image of checkpoint image %s has no %s", img.Name(), checkpoint.MetaFile)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if filepath.Clean(h.Name) != checkpoint.MetaFile {
-			continue
-		}
-		dir := t.TempDir()
-		data, err := io.ReadAll(tr)
-		if err == nil {
-			err = os.WriteFile(filepath.Join(dir, checkpoint.MetaFile), data, 0o600)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := checkpoint.Read(dir)
-		if err != nil {
-			t.Fatalf("%s in checkpoint image %s: %v", checkpoint.MetaFile, img.Name(), err)
-		}
-		return m
-	}
+	return m
 }
 
 // mustCtr runs ctr with cliResult's timeout and returns its standard output, failing the test

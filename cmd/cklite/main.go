@@ -40,6 +40,8 @@ var commands = []command{
 	{name: "checkpoint ls", aliases: []string{"checkpoint list"}, summary: "List the namespace's checkpoints as a tree, children under the checkpoint they were taken on.", flags: checkpointListFlags},
 	{name: "checkpoint inspect", args: "ID...", summary: "Print checkpoints as JSON, with the size of their frozen layer. An ID may be any unique prefix.", flags: checkpointInspectFlags},
 	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "ID...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
+	{name: "checkpoint create", args: "CONTAINER", summary: "Checkpoint a container's task: memory and filesystem, or either alone. Prints the checkpoint's id.", flags: checkpointCreateFlags},
+	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds).", flags: checkpointPruneFlags},
 	{name: "fork", args: "[CHECKPOINT]", summary: "Restore one checkpoint into N new containers, all running at once.", flags: forkFlags},
 }
 

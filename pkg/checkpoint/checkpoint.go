@@ -133,12 +133,17 @@ func Read(dir string) (Meta, error) {
 	if err != nil {
 		return Meta{}, fmt.Errorf("read checkpoint metadata: %w", err)
 	}
+	return decode(data, path)
+}
+
+// decode parses the metadata read from source (named in errors).
+func decode(data []byte, source string) (Meta, error) {
 	var m Meta
 	if err := json.Unmarshal(data, &m); err != nil {
-		return Meta{}, fmt.Errorf("checkpoint metadata %s is corrupt: %v: %w", path, err, errdefs.ErrInvalidArgument)
+		return Meta{}, fmt.Errorf("checkpoint metadata %s is corrupt: %v: %w", source, err, errdefs.ErrInvalidArgument)
 	}
 	if err := m.validate(); err != nil {
-		return Meta{}, fmt.Errorf("checkpoint metadata %s: %w", path, err)
+		return Meta{}, fmt.Errorf("checkpoint metadata %s: %w", source, err)
 	}
 	return m, nil
 }

@@ -1,0 +1,111 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+
+	"github.com/cklite/cklite/integration/workload"
+	"github.com/cklite/cklite/pkg/checkpoint"
+)
+
+// createdID is the id `cklite checkpoint create` prints.
+var createdID = regexp.MustCompile(`checkpoint ([0-9a-f]{12}) \(([a-z+]+)\) of `)
+
+// TestCLICreate is `cklite checkpoint create` for each contents, its refusals, and `cklite
+// checkpoint prune` removing the checkpoints whose image directory went.
+func TestCLICreate(t *testing.T) {
+	e := newCkEnv(t)
+	c, task, cnt := e.startCounter(t, "cli-create")
+	dirs := map[checkpoint.Contents]string{}
+	for _, tc := range []struct {
+		flags []string
+		want  checkpoint.Contents
+		ttl   time.Duration
+	}{
+		{want: checkpoint.MemoryAndFS},
+		{flags: []string{"--fs-only"}, want: checkpoint.FSOnly},
+		{flags: []string{"--memory-only", "--ttl", "1h"}, want: checkpoint.MemoryOnly, ttl: time.Hour},
+	} {
+		t.Run(string(tc.want), func(t *testing.T) {
+			at := cnt.advance(t, 2)
+			dir := checkpointDir(t, e.d, "cli-"+strings.ReplaceAll(string(tc.want), "+", ""))
+			start := time.Now()
+			out := cklite(t, e.d, append(append([]string{"checkpoint", "create"}, tc.flags...), "--image-path", dir, c.ID())...)
+			logTiming(t, "cklite checkpoint create "+strings.Join(tc.flags, " "), start)
+			m := createdID.FindStringSubmatch(out)
+			if m == nil || m[2] != string(tc.want) {
+				t.Fatalf("cklite checkpoint create printed %q, want a checkpoint id and contents %s", out, tc.want)
+			}
+			meta, err := checkpoint.Read(dir)
+			if err != nil || meta.ID != m[1] || meta.Contents != tc.want {
+				t.Fatalf("%s in %s: %+v %v, want checkpoint %s with contents %s", checkpoint.MetaFile, dir, meta, err, m[1], tc.want)
+			}
+			if r := e.record(t, meta.ID); r.ImagePath != dir {
+				t.Fatalf("checkpoint %s records image directory %q, want %q", meta.ID, r.ImagePath, dir)
+			}
+			if ttl := meta.Expires.Sub(meta.Created); meta.Expires.IsZero() && tc.ttl != 0 || !meta.Expires.IsZero() && ttl != tc.ttl {
+				t.Fatalf("checkpoint %s expires %v after its creation, want %v", meta.ID, ttl, tc.ttl)
+			}
+			// The labels asked for this checkpoint only: the container is as it was.
+			labels, err := c.Labels(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, ok := labels[checkpoint.ContentsKey]; ok {
+				t.Fatalf("the container kept label %s=%s after the checkpoint", checkpoint.ContentsKey, v)
+			}
+			e.expectStatus(t, task, client.Running, "after cklite checkpoint create")
+			expectContinues(t, cnt, at)
+			dirs[tc.want] = dir
+		})
+	}
+
+	ckliteFails(t, e.d, "exclude each other", "checkpoint", "create", "--fs-only", "--memory-only", c.ID())
+	ckliteFails(t, e.d, "no-such-container", "checkpoint", "create", "no-such-container")
+
+	t.Run("--exit", func(t *testing.T) {
+		dir := checkpointDir(t, e.d, "cli-exit")
+		cklite(t, e.d, "checkpoint", "create", "--exit", "--image-path", dir, c.ID())
+		waitForExit(t, e.ctx, task)
+		task = e.rollback(t, c, dir)
+		cnt.waitFor(t, "the counter counting again", func(workload.Count) bool { return true })
+	})
+
+	t.Run("prune", func(t *testing.T) {
+		before := len(e.records(t))
+		gone := dirs[checkpoint.FSOnly]
+		if err := os.RemoveAll(gone); err != nil {
+			t.Fatal(err)
+		}
+		out := cklite(t, e.d, "checkpoint", "prune", "--dry-run")
+		if !strings.Contains(out, "would remove") || !strings.Contains(out, filepath.Base(gone)) {
+			t.Fatalf("prune --dry-run printed %q, want the checkpoint whose directory %s is gone", out, gone)
+		}
+		if after := len(e.records(t)); after != before {
+			t.Fatalf("prune --dry-run removed %d checkpoints", before-after)
+		}
+		out = cklite(t, e.d, "checkpoint", "prune", "--gc")
+		if !strings.Contains(out, "1 of ") {
+			t.Fatalf("prune printed %q, want one checkpoint removed", out)
+		}
+		if after := len(e.records(t)); after != before-1 {
+			t.Fatalf("%d checkpoints before prune, %d after, want one fewer", before, after)
+		}
+		for contents, dir := range dirs {
+			if dir == gone {
+				continue
+			}
+			if m, err := checkpoint.Read(dir); err != nil {
+				t.Fatalf("the %s checkpoint's directory: %v", contents, err)
+			} else {
+				e.record(t, m.ID) // still there
+			}
+		}
+	})
+}
