@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runc/libcontainer"
@@ -26,6 +28,9 @@ type CheckpointOpts struct {
 func (o CheckpointOpts) criu() (*libcontainer.CriuOpts, error) {
 	if o.ImagePath == "" {
 		return nil, fmt.Errorf("checkpoint image path is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := findCRIU(); err != nil {
+		return nil, err
 	}
 	// runc never checkpoints network devices, so the network namespace is always "empty":
 	// the restored container gets a fresh one. Only the network namespace may be named.
@@ -79,5 +84,15 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 		return wrap("reload restored container", err)
 	}
 	c.lc = lc
+	return nil
+}
+
+// findCRIU checks that libcontainer will find criu, which it runs from PATH: without it
+// libcontainer fails with a bare exec error that does not say what to install.
+func findCRIU() error {
+	if _, err := exec.LookPath("criu"); err != nil {
+		return fmt.Errorf("CRIU is not installed where the shim looks (PATH %q): install CRIU >= 4 ('make deps' builds one into /opt/cklite/bin): %w: %w",
+			os.Getenv("PATH"), err, errdefs.ErrFailedPrecondition)
+	}
 	return nil
 }

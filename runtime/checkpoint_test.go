@@ -1,12 +1,31 @@
 package runtime
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/containerd/errdefs"
 
 	"golang.org/x/sys/unix"
 )
 
+func TestCriuOptsWithoutCRIU(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, err := CheckpointOpts{ImagePath: "/i"}.criu()
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "CRIU is not installed") {
+		t.Fatalf("criu() without criu in PATH: %v, want a FailedPrecondition saying CRIU is not installed", err)
+	}
+}
+
 func TestCriuOpts(t *testing.T) {
+	// criu() only looks criu up; an executable file of that name will do.
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "criu"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
 	for _, tc := range []struct {
 		name    string
 		in      CheckpointOpts
