@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -132,6 +133,11 @@ func (c *Container) Destroy() error {
 	if st, err := c.lc.Status(); err == nil && st != libcontainer.Stopped {
 		_ = c.lc.Signal(unix.SIGKILL)
 		c.waitStopped(2 * time.Second)
+	}
+	// A restore killed halfway leaves libcontainer's bind mount of the rootfs for CRIU in the
+	// state directory, which Destroy could then not remove.
+	if err := unix.Unmount(filepath.Join(c.root, c.lc.ID(), "criu-root"), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		return fmt.Errorf("destroy container: unmount criu-root: %w", err)
 	}
 	return wrap("destroy container", c.lc.Destroy())
 }

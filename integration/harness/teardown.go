@@ -185,8 +185,10 @@ func teardown(dir, address, namespace string) error {
 	}
 	errs = append(errs, unmountBelow(dir))
 	if namespace != "" {
-		// The runc shim keeps runc's state under a fixed root whatever containerd's state is.
-		errs = append(errs, os.RemoveAll(filepath.Join(runcRoot, namespace)))
+		// The runc shim keeps runc's state under a fixed root whatever containerd's state is;
+		// a restore killed halfway leaves libcontainer's criu-root mount in it.
+		state := filepath.Join(runcRoot, namespace)
+		errs = append(errs, unmountBelow(state), os.RemoveAll(state))
 	}
 	return errors.Join(errs...)
 }
