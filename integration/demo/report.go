@@ -40,11 +40,11 @@ func (e *env) cleanup(ids []string) error {
 // report prints the timings of every scenario side by side: the median of each step, per
 // runtime, and stock's time over cklite's.
 func report(results []result, reps int) {
-	rounds := "one round"
+	rounds := "one round (single steps are noisy; -reps 5 gives medians)"
 	if reps > 1 {
 		rounds = fmt.Sprintf("median of %d rounds", reps)
 	}
-	fmt.Printf("\nTimings (%s; fork: each of the %d forks on cklite, the one stock can make at a time):\n\n", rounds, forks)
+	fmt.Printf("\nTimings, %s.\nfork: each of the %d forks on cklite, the one stock can make at a time.\n\n", rounds, forks)
 	const stepCol, group = "%-28s", "   %9s %9s %7s"
 	head, sub := fmt.Sprintf(stepCol, ""), fmt.Sprintf(stepCol, "")
 	for _, r := range results {
