@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build install demo test test-unit test-integration vet bench bench-snapshotter bench-shim ctrd-suite clean
+.PHONY: all deps build install demo test test-unit test-integration vet bench bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
@@ -43,13 +43,18 @@ install: build
 		done; \
 	done
 
-## demo: run a container on a private containerd, checkpoint and restore it, print timings
+## demo: on a private containerd, checkpoint, roll back and fork a running container with cklite and
+## with the stock runc shim + overlayfs, idle and with 200 MB written to its rootfs; print timings
 demo: deps build
 	$(GO) run ./integration/demo
 
 ## bench-shim: start/delete latency and shim memory, runc shim vs cklite's (reports, asserts nothing)
 bench-shim: deps build
 	$(GO) run ./integration/bench/shimstart
+
+## bench-checkpoint: the demo's steps five times each, medians and ratios to the stock runc shim
+bench-checkpoint: deps build
+	$(GO) run ./integration/demo -rootfs-mb 0,200 -reps 5
 
 vet:
 	$(GO) vet ./...
@@ -64,7 +69,7 @@ test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
 
 ## bench: every benchmark, each printing its ratios against the stock runc shim / overlayfs
-bench: bench-snapshotter bench-shim
+bench: bench-snapshotter bench-shim bench-checkpoint
 
 ## bench-snapshotter: freeze latency by upper size and mount latency by chain depth, next to
 ## containerd's overlayfs snapshotter, and the disk cost of 100 freezes with and without dedup
