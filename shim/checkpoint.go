@@ -235,7 +235,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
 		return err
 	}
-	held, err := holdStdio(c.init.getPid())
+	held, err := holdStdio(c.init)
 	if err != nil {
 		return err
 	}
@@ -366,13 +366,23 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 	if err != nil {
 		return err
 	}
-	held.attach(lp)
+	if err := held.attach(lp); err != nil {
+		_ = engine.Destroy()
+		return err
+	}
 	if err := engine.Restore(lp, ck.criuOpts(false)); err != nil {
 		_ = engine.Destroy()
 		return keepRestoreLog(c.bundle, ck.work, err)
 	}
 	pid, err := lp.Pid()
 	if err != nil {
+		return err
+	}
+	if err := held.restored(ctx); err != nil {
+		// Nobody would see its terminal: the task ends stopped, as if the restore had failed.
+		_ = lp.Signal(os.Kill)
+		_, _ = lp.Wait()
+		_ = engine.Destroy()
 		return err
 	}
 	ck.s.reaper.own(pid)

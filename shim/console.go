@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/containerd/console"
 	"github.com/opencontainers/runc/libcontainer/utils"
+	"golang.org/x/sys/unix"
 )
 
 // consoleSocket is the socket pair over which libcontainer's init sends the pty master
@@ -25,9 +27,22 @@ func newConsoleSocket() (*consoleSocket, error) {
 	return &consoleSocket{parent: parent, child: child}, nil
 }
 
+// errNoConsole is receive's answer when the socket closed without a master: a restored process
+// sends one only if it had its terminal open.
+var errNoConsole = errors.New("no console master was sent")
+
 // receive returns the pty master the process sent.
 func (c *consoleSocket) receive() (console.Console, error) {
 	c.child.Close() // a dead process then gives EOF instead of a hang
+	// A peek tells EOF (nothing was sent) from a message, which RecvFile cannot.
+	var b [1]byte
+	n, err := recvPeek(c.parent, b[:])
+	if err != nil {
+		return nil, fmt.Errorf("receive console master: %w", err)
+	}
+	if n == 0 {
+		return nil, errNoConsole
+	}
 	f, err := utils.RecvFile(c.parent)
 	if err != nil {
 		return nil, fmt.Errorf("receive console master: %w", err)
@@ -42,6 +57,15 @@ func (c *consoleSocket) receive() (console.Console, error) {
 
 func (c *consoleSocket) Close() error {
 	return closeAll(c.parent, c.child)
+}
+
+func recvPeek(f *os.File, b []byte) (int, error) {
+	for {
+		n, _, err := unix.Recvfrom(int(f.Fd()), b, unix.MSG_PEEK)
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
 }
 
 // epoller multiplexes every console of the shim, so a console read ends (EOF) when its process
@@ -62,17 +86,27 @@ func sharedEpoller() (*console.Epoller, error) {
 	return epoller, epollerErr
 }
 
-// attachConsole copies stdin into the console and the console into stdout (a FIFO, a file, or
-// the logging binary's pipe). It returns the console used for resize and shutdown.
-func (p *processIO) attachConsole(ctx context.Context, master console.Console) (*console.EpollConsole, error) {
+// epollMaster registers a pty master with the shared epoller.
+func epollMaster(master console.Console) (*console.Epoller, *console.EpollConsole, error) {
 	ep, err := sharedEpoller()
 	if err != nil {
-		return nil, fmt.Errorf("console epoller: %w", err)
+		return nil, nil, fmt.Errorf("console epoller: %w", err)
 	}
 	ec, err := ep.Add(master)
 	if err != nil {
-		return nil, fmt.Errorf("add console to epoller: %w", err)
+		return nil, nil, fmt.Errorf("add console to epoller: %w", err)
 	}
+	return ep, ec, nil
+}
+
+// attachConsole copies stdin into the console and the console into stdout (a FIFO, a file, or
+// the logging binary's pipe). It returns the console used for resize and shutdown.
+func (p *processIO) attachConsole(ctx context.Context, master console.Console) (*ptyMaster, error) {
+	ep, ec, err := epollMaster(master)
+	if err != nil {
+		return nil, err
+	}
+	m := newPtyMaster(ep, ec)
 	if p.stdio.Stdin != "" {
 		in, err := p.openStdin()
 		if err != nil {
@@ -80,9 +114,9 @@ func (p *processIO) attachConsole(ctx context.Context, master console.Console) (
 		}
 		go func() {
 			buf := make([]byte, 4096)
-			_, _ = io.CopyBuffer(ec, in, buf)
+			_, _ = io.CopyBuffer(m, in, buf)
 			// stdin closed: hang up the console like a terminal would.
-			_ = ec.Shutdown(ep.CloseConsole)
+			m.shutdown()
 			in.Close()
 		}()
 	}
@@ -108,15 +142,8 @@ func (p *processIO) attachConsole(ctx context.Context, master console.Console) (
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			copyAndClose(ctx, out, io.NopCloser(ec))
+			copyAndClose(ctx, out, io.NopCloser(m))
 		}()
 	}
-	return ec, nil
-}
-
-// shutdownConsole makes pending console reads return, at process exit.
-func shutdownConsole(ec *console.EpollConsole) {
-	if ep, err := sharedEpoller(); err == nil && ec != nil {
-		_ = ec.Shutdown(ep.CloseConsole)
-	}
+	return m, nil
 }

@@ -283,7 +283,8 @@ func (s *service) launch(ctx context.Context, c *container, p *process, lp *libc
 			pio.Close()
 		}
 	}()
-	if p.init && c.checkpoint != "" {
+	restoring := p.init && c.checkpoint != ""
+	if restoring {
 		if err := pio.nullPipes(ctx, int(c.opts.IoUid), int(c.opts.IoGid)); err != nil {
 			return err
 		}
@@ -299,7 +300,7 @@ func (s *service) launch(ctx context.Context, c *container, p *process, lp *libc
 		lp.Stderr = pio.childErr
 	}
 	var cs *consoleSocket
-	if p.stdio.Terminal {
+	if p.stdio.Terminal || restoring {
 		if cs, err = newConsoleSocket(); err != nil {
 			return err
 		}
@@ -317,18 +318,9 @@ func (s *service) launch(ctx context.Context, c *container, p *process, lp *libc
 	pio.started()
 	p.setIO(pio)
 	if cs != nil {
-		master, err := cs.receive()
-		if err != nil {
+		if err := s.takeConsole(ctx, p, pio, cs, restoring); err != nil {
 			return s.abort(p, lp, pid, err)
 		}
-		ec, err := pio.attachConsole(ctx, master)
-		if err != nil {
-			master.Close()
-			return s.abort(p, lp, pid, err)
-		}
-		p.mu.Lock()
-		p.console = ec
-		p.mu.Unlock()
 	}
 	p.started(lp, pid, st)
 	return nil

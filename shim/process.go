@@ -51,7 +51,7 @@ type process struct {
 	lp         *libcontainer.Process
 	io         *processIO
 	stdinShut  bool // CloseIO came, maybe before the stdio existed
-	console    *console.EpollConsole
+	console    *ptyMaster
 	exitStatus int
 	exitedAt   time.Time
 	waitBlock  chan struct{}
@@ -143,7 +143,9 @@ func (p *process) setExited(code int) {
 	p.state = statusStopped
 	p.exitStatus = code
 	p.exitedAt = time.Now()
-	shutdownConsole(p.console)
+	if p.console != nil {
+		p.console.shutdown() // pending console reads return
+	}
 	close(p.waitBlock)
 }
 
@@ -181,6 +183,23 @@ func (p *process) signal(sig syscall.Signal) error {
 	return nil
 }
 
+// holdInput holds back the input of the process's terminal, if it has one, until releaseInput.
+func (p *process) holdInput() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.console != nil {
+		p.console.holdInput()
+	}
+}
+
+func (p *process) releaseInput() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.console != nil {
+		p.console.releaseInput()
+	}
+}
+
 func (p *process) resize(ws console.WinSize) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -190,7 +209,7 @@ func (p *process) resize(ws console.WinSize) error {
 	if p.console == nil {
 		return nil
 	}
-	return p.console.Resize(ws)
+	return p.console.resize(ws)
 }
 
 // closeStdin implements CloseIO. The client may send it as soon as it has written all of stdin,

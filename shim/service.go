@@ -386,8 +386,19 @@ func (s *service) freeze(ctx context.Context, id string, pause bool) (*ptypes.Em
 	if err := c.init.expect(op, from); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
+	if pause {
+		// What is typed on the terminal of a frozen task waits in the stdin FIFO rather than in
+		// the pty, where a checkpoint, which kills the pty's process side, would lose it.
+		c.init.holdInput()
+	}
 	if err := do(); err != nil {
+		if pause {
+			c.init.releaseInput()
+		}
 		return nil, errgrpc.ToGRPC(err)
+	}
+	if !pause {
+		c.init.releaseInput()
 	}
 	c.init.setState(to)
 	if pause {
