@@ -190,6 +190,13 @@ type fsUsage struct {
 // and leaves Filesystem unset.
 func viewOf(ctx context.Context, ctrd *client.Client, r checkpoint.Record) checkpointView {
 	v := checkpointView{Meta: r.Meta, ImagePath: r.ImagePath}
+	if r.ImagePath != "" {
+		// The image directory's cklite.json is the whole record (the lease's labels leave out
+		// how CRIU dumped it).
+		if m, err := checkpoint.Read(r.ImagePath); err == nil && m.ID == r.ID {
+			v.Meta = m
+		}
+	}
 	if !r.Contents.HasFS() || r.Frozen == "" {
 		return v
 	}

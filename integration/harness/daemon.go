@@ -241,6 +241,11 @@ func (d *Daemon) Cklite(ctx context.Context, args ...string) (string, error) {
 	return d.run(ctx, "cklite", append([]string{"--address", d.Address, "-n", d.Namespace}, args...)...)
 }
 
+// ProjectBinary is the path of cklite's binary name (bin/name of this checkout).
+func (d *Daemon) ProjectBinary(name string) string {
+	return filepath.Join(d.stack.ProjectBin, name)
+}
+
 // Command returns an unstarted command for the stack's binary name in the daemon's environment,
 // for callers that need its stdin, a terminal or a stream.
 func (d *Daemon) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
