@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -108,4 +109,58 @@ func TestCLICreate(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestCLIRollback is `cklite rollback`: the running task is rolled back in place, memory and
+// files, and keeps its network namespace and stdio; a paused task comes back paused; an unknown
+// checkpoint changes nothing.
+func TestCLIRollback(t *testing.T) {
+	e := newCkEnv(t)
+	c, task, cnt := e.startCounter(t, "rollback")
+	writeMarks(t, cnt.Rootfs, "rb")
+	at := cnt.advance(t, 3)
+	dir := checkpointDir(t, e.d, "rb")
+	out := cklite(t, e.d, "checkpoint", "create", "--image-path", dir, c.ID())
+	m := createdID.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("cklite checkpoint create printed %q", out)
+	}
+	cnt.advance(t, 3)
+	changeMarks(t, cnt.Rootfs, "rb")
+	pid := pidOf(t, e, task)
+	netns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ckliteFails(t, e.d, "zzzz", "rollback", c.ID(), "zzzz")
+	cnt.advance(t, 1) // the refused rollback left the task counting
+
+	for round := range 3 {
+		start := time.Now()
+		cklite(t, e.d, "rollback", c.ID(), m[1][:8])
+		logTiming(t, "cklite rollback (in place)", start)
+		expectRolledBack(t, cnt, at, "rb")
+		now := pidOf(t, e, task)
+		if now == pid {
+			t.Fatalf("round %d: init kept pid %d: it was not restored", round, pid)
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", now)); err != nil || ns != netns {
+			t.Fatalf("round %d: network namespace %s (%v) after the rollback, want %s as before", round, ns, err, netns)
+		}
+		e.expectStatus(t, task, client.Running, "after an in-place rollback")
+		pid = now
+		changeMarks(t, cnt.Rootfs, "rb")
+	}
+
+	// Paused, it stays paused, and then counts on from the checkpoint.
+	if err := task.Pause(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	cklite(t, e.d, "rollback", c.ID(), m[1])
+	e.expectStatus(t, task, client.Paused, "after rolling a paused task back")
+	if err := task.Resume(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectRolledBack(t, cnt, at, "rb")
 }

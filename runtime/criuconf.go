@@ -38,6 +38,9 @@ func LeaveStoppedOnRestore(cfg *configs.Config, dir string) error {
 		}
 		base = data
 	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("CRIU work directory: %w", err)
+	}
 	conf := filepath.Join(dir, "criu-leave-stopped.conf")
 	data := append(base, "\nleave-stopped\n"...)
 	if err := os.WriteFile(conf, data, 0o600); err != nil {

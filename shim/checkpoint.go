@@ -434,14 +434,8 @@ func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta chec
 	if err != nil {
 		return nil, err
 	}
-	if _, err := sn.Stat(ctx, meta.Frozen); err != nil {
-		if !errdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("frozen layer %s of checkpoint %s: %w", meta.Frozen, meta.ID, err)
-		}
-		if meta.Host != checkpoint.MachineID() {
-			return nil, fmt.Errorf("checkpoint %s was taken on another host (machine id %s): its frozen layer %s exists only there: %w", meta.ID, meta.Host, meta.Frozen, errdefs.ErrNotFound)
-		}
-		return nil, fmt.Errorf("frozen layer %s of checkpoint %s no longer exists (checkpoint removed?): %w", meta.Frozen, meta.ID, errdefs.ErrNotFound)
+	if err := s.frozenLayerExists(ctx, sn, meta); err != nil {
+		return nil, err
 	}
 	info, err := sn.Stat(ctx, rs.key)
 	if err != nil && !errdefs.IsNotFound(err) {
@@ -490,4 +484,18 @@ func checkpointTTL(annotations, labels map[string]string) (time.Duration, error)
 		return 0, err
 	}
 	return cfg.DefaultTTL()
+}
+
+// frozenLayerExists checks that checkpoint meta's frozen layer is in sn, naming why not.
+func (s *service) frozenLayerExists(ctx context.Context, sn snapshots.Snapshotter, meta checkpoint.Meta) error {
+	_, err := sn.Stat(ctx, meta.Frozen)
+	switch {
+	case err == nil:
+		return nil
+	case !errdefs.IsNotFound(err):
+		return fmt.Errorf("frozen layer %s of checkpoint %s: %w", meta.Frozen, meta.ID, err)
+	case meta.Host != checkpoint.MachineID():
+		return fmt.Errorf("checkpoint %s was taken on another host (machine id %s): its frozen layer %s exists only there: %w", meta.ID, meta.Host, meta.Frozen, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("frozen layer %s of checkpoint %s no longer exists (checkpoint removed?): %w", meta.Frozen, meta.ID, errdefs.ErrNotFound)
 }

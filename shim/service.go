@@ -27,6 +27,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/runtime"
 )
 
@@ -479,6 +480,15 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	c, err := s.get(r.ID)
 	if err != nil {
 		return nil, err
+	}
+	if dir := r.Annotations[checkpoint.RollbackKey]; dir != "" {
+		if err := c.init.expect("roll back", statusRunning, statusPaused); err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		if err := s.rollbackInPlace(ctx, c, dir); err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		return empty, nil
 	}
 	if err := c.init.expect("update", statusCreated, statusRunning, statusPaused); err != nil {
 		return nil, errgrpc.ToGRPC(err)

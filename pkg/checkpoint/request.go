@@ -15,6 +15,11 @@ const (
 	TTLKey      = "cklite.io/checkpoint-ttl"      // a Go duration: the checkpoint expires after it
 )
 
+// RollbackKey is the annotation of a task Update (containerd's UpdateTaskRequest.Annotations)
+// that asks the shim to roll the running task back, in place, to the checkpoint in the image
+// directory it names: the task API has no call for it, and Update reaches the shim unchanged.
+const RollbackKey = "cklite.io/rollback"
+
 func requested(key string, annotations, labels map[string]string) string {
 	if v, ok := labels[key]; ok {
 		return v

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+)
+
+func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+	imagePath := fs.String("image-path", "", "roll back to the checkpoint in the CRIU image directory `DIR` (default: the one CHECKPOINT was taken into); CHECKPOINT may then be left out")
+	return func(ctx context.Context, cli *cli, args []string) error {
+		if len(args) < 1 || len(args) > 2 || (len(args) == 1 && *imagePath == "") {
+			return fmt.Errorf("want CONTAINER and CHECKPOINT, or CONTAINER and --image-path: %w", errdefs.ErrInvalidArgument)
+		}
+		ctrd, ctx, records, err := cli.checkpoints(ctx)
+		if err != nil {
+			return err
+		}
+		defer ctrd.Close()
+		src, err := forkSource(checkpoint.NewTree(records), args[1:], *imagePath)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(cli.stdout, "rolling %s back to checkpoint %s\n", args[0], src.Checkpoint.ID)
+		start := time.Now()
+		// The task API has no rollback: the shim takes it as an annotation of an Update, which
+		// containerd passes on unchanged.
+		_, err = ctrd.TaskService().Update(ctx, &tasks.UpdateTaskRequest{
+			ContainerID: args[0],
+			Annotations: map[string]string{checkpoint.RollbackKey: src.ImageDir},
+		})
+		if err != nil {
+			return fmt.Errorf("roll back %s: %w", args[0], errgrpc.ToNative(err))
+		}
+		fmt.Fprintf(cli.stdout, "%s rolled back to %s in %s\n", args[0], src.Checkpoint.ID, time.Since(start).Round(time.Millisecond))
+		return nil
+	}
+}
