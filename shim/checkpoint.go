@@ -235,19 +235,11 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
 		return err
 	}
-	held, err := holdStdio(c.init)
+	held, err := holdTask(c, meta.Dump.ExternalNetNS)
 	if err != nil {
 		return err
 	}
 	defer held.Close()
-	var netns *os.File
-	if meta.Dump.ExternalNetNS {
-		// Held across the dump: the restore in place gets the very namespace back.
-		if netns, err = runtime.OpenNetNS(c.init.getPid()); err != nil {
-			return err
-		}
-		defer netns.Close()
-	}
 	paused := c.engine.Paused()
 	pid := c.init.getPid()
 	exited := c.init.beginHandover()
@@ -288,7 +280,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 		ck.s.initExited(c, c.init, pid, code)
 		return nil
 	}
-	if rerr := ck.restoreInPlace(ctx, sn, rs.key, held, netns, paused); rerr != nil {
+	if rerr := ck.restoreInPlace(ctx, sn, rs.key, held, paused); rerr != nil {
 		c.init.endHandover()
 		ck.s.initExited(c, c.init, pid, code)
 		if err != nil {
@@ -337,10 +329,40 @@ func (ck *checkpointRun) remount(ctx context.Context, sn snapshots.Snapshotter, 
 	return ck.c.mountRootfs(mounts)
 }
 
+// taskHold is what a restore in place gives back to a task whose processes are gone: its stdio
+// and, when the dump left it out, its network namespace, held open meanwhile so that neither goes
+// away with the processes.
+type taskHold struct {
+	stdio *heldStdio
+	netns *os.File
+}
+
+func holdTask(c *container, netns bool) (*taskHold, error) {
+	stdio, err := holdStdio(c.init)
+	if err != nil {
+		return nil, err
+	}
+	h := &taskHold{stdio: stdio}
+	if netns {
+		if h.netns, err = runtime.OpenNetNS(c.init.getPid()); err != nil {
+			stdio.Close()
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+func (h *taskHold) Close() {
+	h.stdio.Close()
+	if h.netns != nil {
+		h.netns.Close()
+	}
+}
+
 // restoreInPlace brings the dumped processes back in the same container, on key's current
-// layers, with the stdio pipes they had and in the network namespace they left (netns, when
-// the dump left it out).
-func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapshotter, key string, held *heldStdio, netns *os.File, paused bool) error {
+// layers, with the stdio and network namespace held for them.
+func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapshotter, key string, hold *taskHold, paused bool) error {
+	held, netns := hold.stdio, hold.netns
 	c := ck.c
 	if err := ck.remount(ctx, sn, key); err != nil {
 		return err

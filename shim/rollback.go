@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
-	"github.com/cklite/cklite/runtime"
 )
 
 // rollbackInPlace rolls a running (or paused) task back to the checkpoint in the image directory
@@ -66,18 +65,11 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string)
 		FileLocks:           meta.Dump.FileLocks,
 	}}
 	defer os.RemoveAll(ck.work)
-	held, err := holdStdio(c.init)
+	held, err := holdTask(c, meta.Dump.ExternalNetNS)
 	if err != nil {
 		return err
 	}
 	defer held.Close()
-	var netns *os.File
-	if meta.Dump.ExternalNetNS {
-		if netns, err = runtime.OpenNetNS(c.init.getPid()); err != nil {
-			return err
-		}
-		defer netns.Close()
-	}
 	paused := c.engine.Paused()
 	pid := c.init.getPid()
 	start := time.Now()
@@ -97,7 +89,7 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string)
 		_, err = s.rootfsForRestore(ctx, ns, c.id, meta)
 	}
 	if err == nil {
-		err = ck.restoreInPlace(ctx, sn, rs.key, held, netns, paused)
+		err = ck.restoreInPlace(ctx, sn, rs.key, held, paused)
 	}
 	c.init.endHandover()
 	if err != nil {
