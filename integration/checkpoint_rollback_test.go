@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -147,7 +148,9 @@ func TestCheckpointPaused(t *testing.T) {
 	frozen := cnt.waitFor(t, "a count", func(workload.Count) bool { return true })
 
 	dir := checkpointDir(t, e.d, "paused")
-	e.checkpointTo(t, task, dir, nil)
+	// A work directory of the client's outlives the checkpoint, and with it what the shim put
+	// there for the restore of a paused task.
+	e.checkpointTo(t, task, dir, &options.CheckpointOptions{WorkPath: t.TempDir()})
 	e.expectStatus(t, task, client.Paused, "after a checkpoint of the paused task")
 	// Seeing that nothing happens takes time: 25 rounds of the counter's loop.
 	time.Sleep(500 * time.Millisecond)
@@ -162,6 +165,15 @@ func TestCheckpointPaused(t *testing.T) {
 	cnt.waitFor(t, fmt.Sprintf("the resumed counter to count on past %d with token %s", frozen.N, frozen.Token), func(x workload.Count) bool {
 		return x.Token == frozen.Token && x.N > frozen.N+3
 	})
+	// The next checkpoint ends and restores the processes as usual: the restored paused task
+	// kept no CRIU option of its restore (leave-stopped would leave the dumped processes stopped
+	// and the checkpoint waiting for an exit forever).
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	again := checkpointDir(t, e.d, "paused-again")
+	if _, err := task.Checkpoint(ctx, withOptions(&options.CheckpointOptions{ImagePath: again}), withUniqueName(task.ID())); err != nil {
+		t.Fatalf("a checkpoint after the checkpoint of the paused task: %v", err)
+	}
 
 	changeMarks(t, cnt.Rootfs, "paused")
 	restored := e.rollback(t, c, dir)

@@ -46,19 +46,47 @@ func LeaveStoppedOnRestore(cfg *configs.Config, dir string) error {
 	if err := os.WriteFile(conf, data, 0o600); err != nil {
 		return fmt.Errorf("write CRIU configuration: %w", err)
 	}
-	labels := make([]string, 0, len(cfg.Labels)+1)
-	for _, l := range cfg.Labels {
-		if !strings.HasPrefix(l, criuConfigLabel+"=") {
-			labels = append(labels, l)
+	cfg.Labels = withoutLabel(cfg.Labels, criuConfigLabel)
+	cfg.Labels = append(cfg.Labels, criuConfigLabel+"="+conf)
+	if named {
+		cfg.Labels = append(cfg.Labels, originalCRIUConfigLabel+"="+file)
+	}
+	return nil
+}
+
+// originalCRIUConfigLabel keeps the spec's CRIU configuration while LeaveStoppedOnRestore's
+// stands in for it.
+const originalCRIUConfigLabel = "cklite.criu-config"
+
+func withoutLabel(labels []string, key string) []string {
+	out := make([]string, 0, len(labels))
+	for _, l := range labels {
+		if !strings.HasPrefix(l, key+"=") {
+			out = append(out, l)
 		}
 	}
-	cfg.Labels = append(labels, criuConfigLabel+"="+conf)
-	return nil
+	return out
+}
+
+// forgetLeaveStopped gives the container its own CRIU configuration back after the restore
+// LeaveStoppedOnRestore prepared: with leave-stopped, a later dump would leave the processes
+// stopped instead of ending them.
+func (c *Container) forgetLeaveStopped() error {
+	cfg := c.lc.Config()
+	original, named := utils.SearchLabels(cfg.Labels, originalCRIUConfigLabel)
+	cfg.Labels = withoutLabel(withoutLabel(cfg.Labels, criuConfigLabel), originalCRIUConfigLabel)
+	if named {
+		cfg.Labels = append(cfg.Labels, criuConfigLabel+"="+original)
+	}
+	return wrap("restore the CRIU configuration", c.lc.Set(cfg))
 }
 
 // PauseStopped freezes a container restored with LeaveStoppedOnRestore and continues its
 // stopped tasks: they wake up inside the freezer and run only when the container is resumed.
 func (c *Container) PauseStopped() error {
+	if err := c.forgetLeaveStopped(); err != nil {
+		return err
+	}
 	if err := c.Pause(); err != nil {
 		return err
 	}

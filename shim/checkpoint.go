@@ -251,7 +251,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 		}
 		return keepDumpLog(c.bundle, ck.work, err)
 	}
-	code := <-exited
+	code := ck.dumpedExit(ctx, exited)
 	dumped := time.Since(start)
 
 	// The processes are gone: the upper can be unmounted and frozen.
@@ -520,4 +520,20 @@ func (s *service) frozenLayerExists(ctx context.Context, sn snapshots.Snapshotte
 		return fmt.Errorf("checkpoint %s was taken on another host (machine id %s): its frozen layer %s exists only there: %w", meta.ID, meta.Host, meta.Frozen, errdefs.ErrNotFound)
 	}
 	return fmt.Errorf("frozen layer %s of checkpoint %s no longer exists (checkpoint removed?): %w", meta.Frozen, meta.ID, errdefs.ErrNotFound)
+}
+
+// dumpedExit waits for the exit of the init CRIU has just dumped and ends. Should CRIU leave the
+// processes alive instead (a CRIU configuration that says leave-stopped or leave-running), the
+// checkpoint must not wait forever: they are killed, as the dump would have.
+func (ck *checkpointRun) dumpedExit(ctx context.Context, exited <-chan int) int {
+	select {
+	case code := <-exited:
+		return code
+	case <-time.After(5 * time.Second):
+	}
+	log.G(ctx).Warn("the dumped processes are still alive after the dump: killing them (a CRIU configuration with leave-stopped or leave-running?)")
+	if err := ck.c.engine.Signal(unix.SIGKILL, true); err != nil {
+		log.G(ctx).WithError(err).Error("kill the dumped processes")
+	}
+	return <-exited
 }
