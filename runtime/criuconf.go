@@ -18,45 +18,68 @@ const (
 	defaultCRIUConfig = "/etc/criu/runc.conf"
 )
 
-// LeaveStoppedOnRestore makes a restore through cfg leave the restored tasks stopped (SIGSTOP)
-// instead of running, so that PauseStopped can freeze them before they execute an instruction.
-// libcontainer has no option for CRIU's leave-stopped, but passes CRIU a configuration file: a
-// copy of the one it would use, plus leave-stopped, is written into dir.
-//
-// Freezing the cgroup from CRIU instead (its "full" cgroup mode restores a frozen freezer.state)
-// deadlocks: libcontainer puts CRIU itself into the container's cgroups for the restore.
-func LeaveStoppedOnRestore(cfg *configs.Config, dir string) error {
-	var base []byte
-	file, named := utils.SearchLabels(cfg.Labels, criuConfigLabel)
-	if !named {
-		file = defaultCRIUConfig
+// Options cklite gives CRIU on top of the container's CRIU configuration. libcontainer has no
+// field for them, but hands CRIU a configuration file (the spec's org.criu.config annotation, else
+// /etc/criu/runc.conf): a copy of that file with the options added stands in for it.
+const (
+	// LeaveStopped makes a restore leave the restored tasks stopped (SIGSTOP) instead of
+	// running, so that PauseStopped can freeze them before they execute an instruction. (Letting
+	// CRIU restore a frozen freezer.state, its "full" cgroup mode, deadlocks: libcontainer puts
+	// CRIU itself into the container's cgroups for the restore.)
+	LeaveStopped = "leave-stopped"
+	// NetworkLockSkip leaves the network unlocked during a dump and its restore. CRIU locks it
+	// with iptables so that no TCP peer sees a reset while the sockets are down; unlocking costs
+	// a restore ~130 ms here. A namespace without TCP sockets has nothing to protect.
+	NetworkLockSkip = "network-lock skip"
+)
+
+// originalCRIUConfigLabel keeps what stood in the org.criu.config label before cklite's options
+// took its place: "named:FILE" for the spec's annotation, "default" for none.
+const originalCRIUConfigLabel = "cklite.criu-config"
+
+// WithCRIUOptions makes the CRIU runs of the container created with cfg use options, through a
+// configuration file written into dir.
+func WithCRIUOptions(cfg *configs.Config, dir string, options ...string) error {
+	labels, original := ownCRIUConfig(cfg.Labels)
+	base := ""
+	if strings.HasPrefix(original, "named:") {
+		base = strings.TrimPrefix(original, "named:")
+	} else if _, err := os.Stat(defaultCRIUConfig); err == nil {
+		base = defaultCRIUConfig
 	}
-	if file != "" {
-		data, err := os.ReadFile(file)
-		if err != nil && (named || !os.IsNotExist(err)) {
-			return fmt.Errorf("read CRIU configuration %s: %w", file, err)
+	var data []byte
+	if base != "" {
+		var err error
+		if data, err = os.ReadFile(base); err != nil {
+			return fmt.Errorf("read CRIU configuration %s: %w", base, err)
 		}
-		base = data
+	}
+	for _, o := range options {
+		data = append(data, "\n"+o+"\n"...)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("CRIU work directory: %w", err)
 	}
-	conf := filepath.Join(dir, "criu-leave-stopped.conf")
-	data := append(base, "\nleave-stopped\n"...)
+	conf := filepath.Join(dir, "cklite-criu.conf")
 	if err := os.WriteFile(conf, data, 0o600); err != nil {
 		return fmt.Errorf("write CRIU configuration: %w", err)
 	}
-	cfg.Labels = withoutLabel(cfg.Labels, criuConfigLabel)
-	cfg.Labels = append(cfg.Labels, criuConfigLabel+"="+conf)
-	if named {
-		cfg.Labels = append(cfg.Labels, originalCRIUConfigLabel+"="+file)
-	}
+	cfg.Labels = append(labels, criuConfigLabel+"="+conf, originalCRIUConfigLabel+"="+original)
 	return nil
 }
 
-// originalCRIUConfigLabel keeps the spec's CRIU configuration while LeaveStoppedOnRestore's
-// stands in for it.
-const originalCRIUConfigLabel = "cklite.criu-config"
+// ownCRIUConfig returns labels without the CRIU configuration labels, and the container's own
+// CRIU configuration as originalCRIUConfigLabel records it.
+func ownCRIUConfig(labels []string) ([]string, string) {
+	original, ok := utils.SearchLabels(labels, originalCRIUConfigLabel)
+	if !ok {
+		original = "default"
+		if file, named := utils.SearchLabels(labels, criuConfigLabel); named {
+			original = "named:" + file
+		}
+	}
+	return withoutLabel(withoutLabel(labels, criuConfigLabel), originalCRIUConfigLabel), original
+}
 
 func withoutLabel(labels []string, key string) []string {
 	out := make([]string, 0, len(labels))
@@ -68,25 +91,34 @@ func withoutLabel(labels []string, key string) []string {
 	return out
 }
 
-// forgetLeaveStopped gives the container its own CRIU configuration back after the restore
-// LeaveStoppedOnRestore prepared: with leave-stopped, a later dump would leave the processes
-// stopped instead of ending them.
-func (c *Container) forgetLeaveStopped() error {
+// SetCRIUOptions is WithCRIUOptions for the container as it is, before a dump.
+func (c *Container) SetCRIUOptions(dir string, options ...string) error {
 	cfg := c.lc.Config()
-	original, named := utils.SearchLabels(cfg.Labels, originalCRIUConfigLabel)
-	cfg.Labels = withoutLabel(withoutLabel(cfg.Labels, criuConfigLabel), originalCRIUConfigLabel)
-	if named {
-		cfg.Labels = append(cfg.Labels, criuConfigLabel+"="+original)
-	}
-	return wrap("restore the CRIU configuration", c.lc.Set(cfg))
-}
-
-// PauseStopped freezes a container restored with LeaveStoppedOnRestore and continues its
-// stopped tasks: they wake up inside the freezer and run only when the container is resumed.
-func (c *Container) PauseStopped() error {
-	if err := c.forgetLeaveStopped(); err != nil {
+	if err := WithCRIUOptions(&cfg, dir, options...); err != nil {
 		return err
 	}
+	return wrap("set CRIU options", c.lc.Set(cfg))
+}
+
+// ResetCRIUOptions gives the container its own CRIU configuration back: options meant for one
+// dump or restore must not reach the next (with leave-stopped, a dump would leave the processes
+// stopped instead of ending them).
+func (c *Container) ResetCRIUOptions() error {
+	cfg := c.lc.Config()
+	if _, ours := utils.SearchLabels(cfg.Labels, originalCRIUConfigLabel); !ours {
+		return nil
+	}
+	labels, original := ownCRIUConfig(cfg.Labels)
+	if file, named := strings.CutPrefix(original, "named:"); named {
+		labels = append(labels, criuConfigLabel+"="+file)
+	}
+	cfg.Labels = labels
+	return wrap("reset CRIU options", c.lc.Set(cfg))
+}
+
+// PauseStopped freezes a container restored with LeaveStopped and continues its
+// stopped tasks: they wake up inside the freezer and run only when the container is resumed.
+func (c *Container) PauseStopped() error {
 	if err := c.Pause(); err != nil {
 		return err
 	}

@@ -117,3 +117,22 @@ func SpecNetNS(cfg *configs.Config) (named, private bool) {
 	}
 	return cfg.Namespaces.PathOf(configs.NEWNET) != "", true
 }
+
+// HasTCPSockets reports whether the network namespace of process pid holds TCP sockets of any
+// state (listening, connected, closing): those a dump must keep from seeing or sending resets.
+func HasTCPSockets(pid int) (bool, error) {
+	for _, table := range []string{"tcp", "tcp6"} {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, table))
+		if os.IsNotExist(err) {
+			continue // no IPv6
+		}
+		if err != nil {
+			return false, fmt.Errorf("TCP sockets of %d: %w", pid, err)
+		}
+		// A header line, then a line per socket.
+		if strings.Count(strings.TrimSpace(string(data)), "\n") > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -82,6 +82,7 @@ type checkpointRun struct {
 	opts       *options.CheckpointOptions
 	path, work string
 	lm         leases.Manager
+	dump       checkpoint.DumpFlags // how the dump a restore in place restores was taken
 }
 
 func (ck *checkpointRun) criuOpts(exit bool) runtime.CheckpointOpts {
@@ -153,6 +154,27 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		}
 		if meta.Dump.ExternalNetNS, err = c.engine.ExternalNetNS(); err != nil {
 			return err
+		}
+		if meta.Dump.ExternalNetNS {
+			tcp, err := runtime.HasTCPSockets(c.init.getPid())
+			if err != nil {
+				return err
+			}
+			meta.Dump.NoNetworkLock = !tcp
+		}
+		if opts := dumpCRIUOptions(meta.Dump); len(opts) > 0 {
+			// For this dump only: CRIU resumes the processes of a failed one, which must not keep
+			// the options; a successful one ends the container's processes and this engine.
+			if err := c.engine.SetCRIUOptions(ck.work, opts...); err != nil {
+				return err
+			}
+			defer func() {
+				if c.engine.InitPid() != 0 {
+					if err := c.engine.ResetCRIUOptions(); err != nil {
+						log.G(ctx).WithError(err).Warn("reset CRIU options after the dump")
+					}
+				}
+			}()
 		}
 	}
 	meta.Snapshotter = rs.snapshotter
@@ -240,6 +262,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 		return err
 	}
 	defer held.Close()
+	ck.dump = meta.Dump
 	paused := c.engine.Paused()
 	pid := c.init.getPid()
 	exited := c.init.beginHandover()
@@ -374,12 +397,16 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 		if named, _ := runtime.SpecNetNS(cfg); netns != nil && !named {
 			runtime.WithNetNS(cfg, netns)
 		}
+		opts := dumpCRIUOptions(ck.dump)
 		if paused {
 			// The client paused the task around the checkpoint and will resume it: it must
 			// not run between CRIU's restore and the freeze.
-			return runtime.LeaveStoppedOnRestore(cfg, ck.work)
+			opts = append(opts, runtime.LeaveStopped)
 		}
-		return nil
+		if len(opts) == 0 {
+			return nil
+		}
+		return runtime.WithCRIUOptions(cfg, ck.work, opts...)
 	})
 	if err != nil {
 		return err
@@ -411,6 +438,9 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 	c.mu.Lock()
 	c.engine = engine
 	c.mu.Unlock()
+	if err := engine.ResetCRIUOptions(); err != nil {
+		log.G(ctx).WithError(err).Warn("reset CRIU options after the restore")
+	}
 	c.init.started(lp, pid, statusRunning)
 	ck.s.watchInit(ctx, c)
 	if paused {
@@ -536,4 +566,13 @@ func (ck *checkpointRun) dumpedExit(ctx context.Context, exited <-chan int) int 
 		log.G(ctx).WithError(err).Error("kill the dumped processes")
 	}
 	return <-exited
+}
+
+// dumpCRIUOptions are the options of cklite's CRIU configuration for a dump taken with flags,
+// and for its restore.
+func dumpCRIUOptions(flags checkpoint.DumpFlags) []string {
+	if flags.NoNetworkLock {
+		return []string{runtime.NetworkLockSkip}
+	}
+	return nil
 }

@@ -104,7 +104,7 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 			c.unmountRootfs(ctx)
 		}
 	}()
-	if c.engine, err = c.createEngine(c.restoreNetNS); err != nil {
+	if c.engine, err = c.createEngine(c.restoreConfig); err != nil {
 		c.closeNetNS()
 		return nil, err
 	}
@@ -155,10 +155,32 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 	return rootfs, nil
 }
 
+// restoreConfig prepares the configuration of a container created to restore a checkpoint: the
+// CRIU options its dump was taken with, and a network namespace to restore into.
+func (c *container) restoreConfig(cfg *configs.Config) error {
+	if c.checkpoint == "" {
+		return nil
+	}
+	if opts := dumpCRIUOptions(c.dumped); len(opts) > 0 {
+		if err := runtime.WithCRIUOptions(cfg, c.criuWork(), opts...); err != nil {
+			return err
+		}
+	}
+	return c.restoreNetNS(cfg)
+}
+
+// criuWork is the work directory of CRIU's restore at Start: the client's, or one in the bundle.
+func (c *container) criuWork() string {
+	if c.opts.CriuWorkPath != "" {
+		return c.opts.CriuWorkPath
+	}
+	return filepath.Join(c.bundle, "criu-work")
+}
+
 // restoreNetNS gives a restore whose dump left the network namespace out a namespace to restore
 // into: the one the spec names, or a new one with lo up, which the spec's hooks (CNI) configure.
 func (c *container) restoreNetNS(cfg *configs.Config) error {
-	if c.checkpoint == "" || !c.dumped.ExternalNetNS {
+	if !c.dumped.ExternalNetNS {
 		return nil
 	}
 	named, private := runtime.SpecNetNS(cfg)

@@ -58,7 +58,7 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string)
 	release := s.reaper.hold()
 	defer release()
 
-	ck := &checkpointRun{s: s, c: c, path: dir, work: filepath.Join(c.bundle, "criu-work"), opts: &options.CheckpointOptions{
+	ck := &checkpointRun{s: s, c: c, path: dir, work: filepath.Join(c.bundle, "criu-work"), dump: meta.Dump, opts: &options.CheckpointOptions{
 		OpenTcp:             meta.Dump.OpenTCP,
 		ExternalUnixSockets: meta.Dump.ExternalUnixSockets,
 		Terminal:            meta.Dump.Terminal,

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -186,9 +185,8 @@ func (s *service) startContainer(ctx context.Context, c *container) error {
 func (s *service) restore(ctx context.Context, c *container) error {
 	// CRIU's log goes to a work directory, kept out of the image (which may be read-only or
 	// shared by forks) unless the client names one.
-	work := c.opts.CriuWorkPath
-	if work == "" {
-		work = filepath.Join(c.bundle, "criu-work")
+	work := c.criuWork()
+	if c.opts.CriuWorkPath == "" {
 		defer os.RemoveAll(work)
 	}
 	defer c.closeNetNS()
@@ -212,6 +210,9 @@ func (s *service) restore(ctx context.Context, c *container) error {
 		return err
 	}
 	c.checkpoint = ""
+	if err := c.engine.ResetCRIUOptions(); err != nil {
+		log.G(ctx).WithError(err).Warn("reset CRIU options after the restore")
+	}
 	s.watchInit(ctx, c)
 	return nil
 }
