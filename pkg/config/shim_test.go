@@ -46,3 +46,14 @@ func TestLoadShim(t *testing.T) {
 		})
 	}
 }
+
+// TestContribConfigs loads the example configurations shipped in contrib/: they must stay valid.
+func TestContribConfigs(t *testing.T) {
+	t.Setenv(ShimConfigEnv, filepath.Join("..", "..", "contrib", "shim.toml"))
+	if _, err := LoadShim(); err != nil {
+		t.Errorf("contrib/shim.toml: %v", err)
+	}
+	if _, err := LoadSnapshotter(filepath.Join("..", "..", "contrib", "snapshotter.toml")); err != nil {
+		t.Errorf("contrib/snapshotter.toml: %v", err)
+	}
+}
