@@ -2,9 +2,12 @@ package shim
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/containerd/containerd/api/types/runc/options"
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -33,6 +36,12 @@ func TestDecodeOptions(t *testing.T) {
 		{"checkpoint options are not runtime options", mustAny(t, &options.CheckpointOptions{Exit: true}), nil, errdefs.ErrInvalidArgument},
 		{"systemd cgroup refused", mustAny(t, &options.Options{SystemdCgroup: true}), nil, errdefs.ErrNotImplemented},
 		{"unknown type", &anypb.Any{TypeUrl: "example.com/Nope", Value: []byte{1}}, nil, errdefs.ErrInvalidArgument},
+		{"CRI runtime options", mustAny(t, &runtimeoptions.Options{ConfigBody: []byte("NoPivotRoot = true\nRoot = \"/r\"\nIoUid = 7\n")}), &options.Options{Root: "/r", IoUid: 7, NoPivotRoot: true}, nil},
+		{"CRI runtime options, empty", mustAny(t, &runtimeoptions.Options{}), &options.Options{}, nil},
+		{"CRI runtime options file", mustAny(t, &runtimeoptions.Options{ConfigPath: criOptionsFile(t, `Root = "/f"`)}), &options.Options{Root: "/f"}, nil},
+		{"CRI runtime options file missing", mustAny(t, &runtimeoptions.Options{ConfigPath: "/nonexistent/opts.toml"}), nil, errdefs.ErrInvalidArgument},
+		{"CRI runtime options, unknown key", mustAny(t, &runtimeoptions.Options{ConfigBody: []byte("Bogus = 1\n")}), nil, errdefs.ErrInvalidArgument},
+		{"CRI runtime options, systemd cgroup refused", mustAny(t, &runtimeoptions.Options{ConfigBody: []byte("SystemdCgroup = true\n")}), nil, errdefs.ErrNotImplemented},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := decodeOptions(tc.in)
@@ -82,4 +91,14 @@ func TestStateRoot(t *testing.T) {
 	if got := stateRoot(&options.Options{Root: "/x"}, "ns"); got != "/x/ns" {
 		t.Fatal(got)
 	}
+}
+
+// criOptionsFile writes a runtime options file, as ConfigPath names one.
+func criOptionsFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "opts.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
