@@ -16,9 +16,10 @@ import (
 // defaultRoot is libcontainer's state root, per namespace, where runc-v2 keeps runc's.
 const defaultRoot = "/run/containerd/runc"
 
-// decodeOptions accepts what the daemon sends as a task's runtime options: nothing, or
+// decodeOptions accepts what the daemon sends as a task's runtime options: nothing,
 // containerd's runc Options (cklite speaks the runc shim's option types so every client works
-// unchanged). Anything else is refused by name rather than silently ignored.
+// unchanged), or the CRI plugin's runtimeoptions holding runc's options as TOML. Anything else is
+// refused by name rather than silently ignored.
 func decodeOptions(a typeurl.Any) (*options.Options, error) {
 	var (
 		o   *options.Options
