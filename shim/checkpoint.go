@@ -155,12 +155,8 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		if meta.Dump.ExternalNetNS, err = c.engine.ExternalNetNS(); err != nil {
 			return err
 		}
-		if meta.Dump.ExternalNetNS {
-			tcp, err := runtime.HasTCPSockets(c.init.getPid())
-			if err != nil {
-				return err
-			}
-			meta.Dump.NoNetworkLock = !tcp
+		if meta.Dump.NetworkLock, err = networkLock(c.init.getPid(), meta.Dump.ExternalNetNS); err != nil {
+			return err
 		}
 		if opts := dumpCRIUOptions(meta.Dump); len(opts) > 0 {
 			// For this dump only: CRIU resumes the processes of a failed one, which must not keep
@@ -568,11 +564,33 @@ func (ck *checkpointRun) dumpedExit(ctx context.Context, exited <-chan int) int 
 	return <-exited
 }
 
+// networkLock chooses how CRIU locks the network of a container with a namespace of its own
+// (init pid's) for a dump: not at all without TCP sockets, with nftables when CRIU can, else with
+// CRIU's default, iptables.
+func networkLock(pid int, ownNetNS bool) (string, error) {
+	if !ownNetNS {
+		return "", nil // the host's network: CRIU locks the container's connections its own way
+	}
+	tcp, err := runtime.HasTCPSockets(pid)
+	switch {
+	case err != nil:
+		return "", err
+	case !tcp:
+		return "skip", nil
+	case runtime.NftablesLockSupported():
+		return "nftables", nil
+	}
+	return "", nil
+}
+
 // dumpCRIUOptions are the options of cklite's CRIU configuration for a dump taken with flags,
 // and for its restore.
 func dumpCRIUOptions(flags checkpoint.DumpFlags) []string {
-	if flags.NoNetworkLock {
+	switch flags.NetworkLock {
+	case "skip":
 		return []string{runtime.NetworkLockSkip}
+	case "nftables":
+		return []string{runtime.NetworkLockNftables}
 	}
 	return nil
 }

@@ -91,9 +91,10 @@ type DumpFlags struct {
 	// ExternalNetNS: the network namespace was left out of the dump; a restore must be given
 	// one (the spec's, or a new one).
 	ExternalNetNS bool `json:"externalNetNS,omitempty"`
-	// NoNetworkLock: the namespace had no TCP socket, so CRIU did not lock the network; its
-	// restore must not unlock it either.
-	NoNetworkLock bool `json:"noNetworkLock,omitempty"`
+	// NetworkLock is how CRIU locked the network for the dump, which its restore must unlock
+	// the same way: "skip" (no TCP socket to protect), "nftables", or "" for CRIU's default
+	// (iptables).
+	NetworkLock string `json:"networkLock,omitempty"`
 }
 
 // NewID returns a fresh checkpoint id: 12 hex digits, short enough to type.
