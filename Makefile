@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build install demo test test-unit test-integration vet bench bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps build install demo test test-unit test-integration vet bench bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
@@ -68,8 +68,14 @@ test-unit:
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
 
-## bench: every benchmark, each printing its ratios against the stock runc shim / overlayfs
-bench: bench-snapshotter bench-shim bench-checkpoint
+## bench: the checkpoint benchmark's quick mode (issue 6): idle, memory, filesystem and fan-out
+## workloads on cklite and on the stock runc shim + overlayfs, taking turns; a table of ratios on
+## stdout, CSV, Markdown and SVG charts in bench-results/TIME (BENCH_ARGS for more, e.g. -out DIR)
+bench: deps build
+	$(GO) run ./integration/bench/checkpoint $(BENCH_ARGS)
+
+## bench-all: every benchmark, each printing its ratios against the stock runc shim / overlayfs
+bench-all: bench-snapshotter bench-shim bench-checkpoint bench
 
 ## bench-snapshotter: freeze latency by upper size and mount latency by chain depth, next to
 ## containerd's overlayfs snapshotter, and the disk cost of 100 freezes with and without dedup

@@ -80,24 +80,11 @@ type env struct {
 }
 
 func run(ctx context.Context, mbs []int, reps int) (retErr error) {
-	stack, err := harness.LoadStack()
-	if err != nil {
-		return err
-	}
-	for _, bin := range []string{"containerd-shim-cklite-v2", "cklite-snapshotter", "cklite"} {
-		if !stack.Has(bin) {
-			return fmt.Errorf("%s is not built in %s: run 'make build'", bin, stack.ProjectBin)
-		}
-	}
-	criu, err := stack.CheckCRIU(ctx)
-	if err != nil {
-		return err
-	}
 	bb, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
 		return err
 	}
-	d, err := harness.Start(ctx, stack, harness.Config{CkliteSnapshotter: true})
+	d, criu, err := harness.StartWithCklite(ctx)
 	if err != nil {
 		return err
 	}
@@ -143,19 +130,7 @@ cklite's forks through the cklite CLI.
 
 // importBusybox imports the busybox image and unpacks it for both snapshotters.
 func (e *env) importBusybox(bb localimage.Image) (client.Image, error) {
-	if err := e.d.Import(e.ctx, bb); err != nil {
-		return nil, err
-	}
-	img, err := e.d.Client().GetImage(e.ctx, bb.Name)
-	if err != nil {
-		return nil, err
-	}
-	for _, sn := range []string{ckliteSnapshotter, "overlayfs"} {
-		if err := img.Unpack(e.ctx, sn); err != nil {
-			return nil, fmt.Errorf("unpacking %s into %s: %w", bb.Name, sn, err)
-		}
-	}
-	return img, nil
+	return e.d.ImportUnpacked(e.ctx, bb, ckliteSnapshotter, "overlayfs")
 }
 
 // sandbox is an agent container on one runtime, and what the demo does to it.

@@ -9,9 +9,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/cio"
-	"github.com/containerd/containerd/v2/pkg/oci"
-	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/integration/harness"
 	"github.com/cklite/cklite/integration/workload"
@@ -23,58 +20,17 @@ const runcRuntime = "io.containerd.runc.v2"
 // start creates container id running the counter workload with the given runtime and
 // snapshotter, and starts its task.
 func (e *env) start(id, runtime, snapshotter string) (client.Container, client.Task, error) {
-	c, err := e.d.Client().NewContainer(e.ctx, id,
-		client.WithSnapshotter(snapshotter),
-		client.WithNewSnapshot(id, e.img),
-		client.WithRuntime(runtime, nil),
-		client.WithNewSpec(oci.WithImageConfig(e.img), oci.WithProcessArgs("sh", "-c", workload.CounterScript)))
-	if err != nil {
-		return nil, nil, err
-	}
-	task, err := e.newTask(c)
-	return c, task, err
+	return e.d.Run(e.ctx, id, e.img, runtime, snapshotter, "sh", "-c", workload.CounterScript)
 }
 
 // newTask creates and starts c's task with opts (a restore, when they name a checkpoint).
 func (e *env) newTask(c client.Container, opts ...client.NewTaskOpts) (client.Task, error) {
-	task, err := c.NewTask(e.ctx, cio.NullIO, opts...)
-	if err != nil {
-		return nil, err
-	}
-	if err := task.Start(e.ctx); err != nil {
-		_, _ = task.Delete(e.ctx, client.WithProcessKill)
-		return nil, err
-	}
-	return task, nil
+	return e.d.StartTask(e.ctx, c, opts...)
 }
 
-// remove kills and deletes container id's task, if it has one, then the container and its
-// snapshot, if they exist.
-func (e *env) remove(id string) error {
-	c, err := e.d.Client().LoadContainer(e.ctx, id)
-	if errdefs.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if err := e.deleteTask(c); err != nil {
-		return err
-	}
-	return c.Delete(e.ctx, client.WithSnapshotCleanup)
-}
+func (e *env) remove(id string) error { return e.d.Remove(e.ctx, id) }
 
-// deleteTask kills and deletes c's task, if it has one.
-func (e *env) deleteTask(c client.Container) error {
-	task, err := c.Task(e.ctx, nil)
-	if errdefs.IsNotFound(err) {
-		return nil
-	}
-	if err == nil {
-		_, err = task.Delete(e.ctx, client.WithProcessKill)
-	}
-	return err
-}
+func (e *env) deleteTask(c client.Container) error { return e.d.DeleteTask(e.ctx, c) }
 
 // checkFork checks fork id holds the checkpoint of round rep, the agent at `at`, then removes it.
 func (e *env) checkFork(id string, at workload.Count, rep int) error {

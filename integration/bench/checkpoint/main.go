@@ -1,0 +1,195 @@
+// Command checkpoint is cklite's checkpoint benchmark (issue 6), quick mode: on a private
+// containerd started by the integration harness, with both the stock runc shim on overlayfs and
+// cklite (runtime io.containerd.cklite.v2 on cklite-snapshotter), it measures side by side,
+// the systems taking turns:
+//
+//   - idle: the busybox counter;
+//   - memory: the counter next to a process holding N MB of touched memory (-mem-mb);
+//   - filesystem: M MB written to the rootfs first (-rootfs-mb), 1 MB changed before every checkpoint;
+//   - fan-out: 1 and 10 forks of one checkpoint while the original runs (-forks).
+//
+// Metrics: checkpoint latency p50/p95, downtime during a checkpoint as a probe in the container
+// sees it, rollback latency, fork latency each and in total, disk growth over the checkpoints,
+// peak RSS of the shims, and how many restores were verified. It prints a table with the
+// cklite/stock ratio and writes results.csv, results.md and SVG charts into -out.
+//
+// It lives next to the harness rather than in the cklite CLI: it starts its own containerd from
+// the installed stack and the checkout's bin/, and builds its probe with the Go toolchain, which
+// an installed cklite has neither of. `make bench` runs it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+
+	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/pkg/localimage"
+)
+
+const (
+	ckliteSnapshotter = "cklite"
+	imageName         = "localhost/cklite/bench:latest"
+	probePackage      = "github.com/cklite/cklite/integration/bench/checkpoint/probe"
+)
+
+type options struct {
+	out                string
+	memMB, rootfsMB    []int
+	forks              []int
+	checkpoints, rolls int
+}
+
+func main() {
+	var o options
+	var mem, rootfs, forks string
+	flag.StringVar(&o.out, "out", "", "results `DIR` (default bench-results/TIME)")
+	flag.StringVar(&mem, "mem-mb", "256", "comma-separated `SIZES` of held memory for the memory workload (0 is the idle workload)")
+	flag.StringVar(&rootfs, "rootfs-mb", "200", "comma-separated `SIZES` written to the rootfs for the filesystem workload (0 is the idle workload)")
+	flag.StringVar(&forks, "forks", "1,10", "comma-separated fan-out `COUNTS`")
+	flag.IntVar(&o.checkpoints, "checkpoints", 8, "checkpoints per workload and system")
+	flag.IntVar(&o.rolls, "rollbacks", 4, "rollbacks per workload and system")
+	flag.Parse()
+	var err error
+	if o.memMB, err = parseList("-mem-mb", mem); err == nil {
+		if o.rootfsMB, err = parseList("-rootfs-mb", rootfs); err == nil {
+			o.forks, err = parseList("-forks", forks)
+		}
+	}
+	if err == nil && (o.checkpoints < 1 || o.rolls < 1) {
+		err = errors.New("-checkpoints and -rollbacks: want at least 1")
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(2)
+	}
+	if o.out == "" {
+		o.out = filepath.Join("bench-results", time.Now().Format("20060102-150405"))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func parseList(name, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%s %q: want non-negative numbers, such as 0,256", name, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// env is what every workload needs: the daemon, its client context, the image.
+type env struct {
+	d       *harness.Daemon
+	ctx     context.Context // in the daemon's namespace
+	img     client.Image
+	started time.Time
+}
+
+// progress prints a line with the time since the benchmark started.
+func (e *env) progress(format string, args ...any) {
+	fmt.Printf("[%4.0fs] %s\n", time.Since(e.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func run(ctx context.Context, o options) (retErr error) {
+	started := time.Now()
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	bb, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
+	if err != nil {
+		return err
+	}
+	d, criu, err := harness.StartWithCklite(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := d.Close(context.WithoutCancel(ctx)); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("cleaning up: %w", err))
+		}
+	}()
+	e := &env{d: d, ctx: d.Context(ctx), started: started}
+	// The probe and the image holding it live in the daemon's directory, gone with it.
+	if e.img, err = e.buildImage(bb, filepath.Join(d.Dir, "bench-image")); err != nil {
+		return err
+	}
+	version, err := d.Client().Version(e.ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("cklite bench (quick): containerd %s in %s, CRIU %s\n  cklite: %s on cklite-snapshotter\n  stock:  %s on overlayfs\n"+
+		"  %d checkpoints and %d rollbacks per workload and system; systems take turns\n\n",
+		version.Version, d.Dir, criu, harness.CkliteRuntime, runcRuntime, o.checkpoints, o.rolls)
+
+	all := []series{{workload: "idle", param: "busybox counter"}}
+	for _, mb := range o.memMB {
+		if mb > 0 {
+			all = append(all, series{workload: "memory", param: fmt.Sprintf("%d MB", mb), memMB: mb})
+		}
+	}
+	for _, mb := range o.rootfsMB {
+		if mb > 0 {
+			all = append(all, series{workload: "filesystem", param: fmt.Sprintf("%d MB + 1 MB/ckpt", mb), rootfsMB: mb})
+		}
+	}
+	results := map[series]map[string]*measured{}
+	for _, s := range all {
+		e.progress("=== %s: %s ===", s.workload, s.param)
+		r, err := e.runSeries(s, o.checkpoints, o.rolls)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", s.workload, s.param, err)
+		}
+		results[s] = r
+	}
+	var fanout map[int]map[string]*measured
+	if len(o.forks) > 0 {
+		e.progress("=== fan-out: %v forks of one checkpoint ===", o.forks)
+		if fanout, err = e.runFanout(o.forks); err != nil {
+			return fmt.Errorf("fan-out: %w", err)
+		}
+	}
+	took := time.Since(started)
+	return writeResults(o, all, results, fanout, took)
+}
+
+// buildImage builds the probe static and the busybox image with it as /usr/local/bin/probe, and
+// imports and unpacks that image into both snapshotters.
+func (e *env) buildImage(bb localimage.Image, dir string) (client.Image, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	probe := filepath.Join(dir, "probe")
+	cmd := exec.CommandContext(e.ctx, "go", "build", "-o", probe, probePackage)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("building the probe: %w: %s", err, out)
+	}
+	img, err := localimage.Extend(e.ctx, bb, dir, imageName, map[string]string{"usr/local/bin/probe": probe})
+	if err != nil {
+		return nil, err
+	}
+	return e.d.ImportUnpacked(e.ctx, img, ckliteSnapshotter, "overlayfs")
+}

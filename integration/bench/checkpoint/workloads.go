@@ -1,0 +1,260 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cklite/cklite/integration/workload"
+)
+
+// series is one configuration of the checkpoint/rollback workloads: idle, memory or filesystem.
+type series struct {
+	workload string // "idle", "memory", "filesystem"
+	param    string // what the table shows next to it
+	memMB    int    // memory the probe holds
+	rootfsMB int    // data written to the rootfs before the first checkpoint
+}
+
+// measured is what one system did in one workload.
+type measured struct {
+	checkpoint, downtime, rollback []time.Duration
+	forkEach                       []time.Duration
+	forkTotal                      time.Duration
+	diskBytes                      int64  // growth of the system's disk dirs over the checkpoints
+	shimPeak                       uint64 // bytes
+	restores, verified             int
+}
+
+var systems = []string{"cklite", "stock"}
+
+// order is the order the systems take turns in round i: alternating who goes first, so that
+// neither always runs right after the other's heavy step (A B B A A B ...).
+func order(i int) []string {
+	if i%2 == 0 {
+		return systems
+	}
+	return []string{systems[1], systems[0]}
+}
+
+func (e *env) newBox(sys, id string, memMB int) (sandbox, error) {
+	if sys == "cklite" {
+		return e.newCklite(id, memMB)
+	}
+	return e.newStock(id, memMB)
+}
+
+// runSeries runs one configuration on both systems: k checkpoints, each after the counter moved
+// on (and, for the filesystem workload, 1 MB changed), then r rollbacks to checkpoints spread
+// over the k, each after a bad action, each verified (the counter at exactly the checkpointed
+// value in the same process, the probe the same process, the files as checkpointed).
+func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr error) {
+	res := map[string]*measured{}
+	boxes := map[string]sandbox{}
+	tokens := map[string]string{}
+	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
+	for _, sys := range systems {
+		b, err := e.newBox(sys, fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), s.memMB)
+		if err != nil {
+			return nil, fmt.Errorf("%s: starting the container: %w", sys, err)
+		}
+		boxes[sys] = b
+		res[sys] = &measured{}
+		if tokens[sys], err = waitProbe(b.rootfs(), ""); err != nil {
+			return nil, fmt.Errorf("%s: %w", sys, err)
+		}
+		if s.rootfsMB > 0 {
+			e.progress("%s: writing %d MB to the rootfs", sys, s.rootfsMB)
+			if err := writeData(b.rootfs(), s.rootfsMB); err != nil {
+				return nil, fmt.Errorf("%s: %w", sys, err)
+			}
+		}
+	}
+	diskBefore := map[string]int64{}
+	for _, sys := range systems {
+		du, err := diskUsage(boxes[sys].diskDirs()...)
+		if err != nil {
+			return nil, err
+		}
+		diskBefore[sys] = du
+	}
+
+	at := map[string][]workload.Count{}
+	for i := range k {
+		for _, sys := range order(i) {
+			b, m := boxes[sys], res[sys]
+			if s.rootfsMB > 0 {
+				if err := writeDelta(b.rootfs(), i); err != nil {
+					return nil, err
+				}
+			}
+			c, err := (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 2)
+			if err != nil {
+				return nil, fmt.Errorf("%s: before checkpoint %d: %w", sys, i, err)
+			}
+			at[sys] = append(at[sys], c)
+			start := time.Now()
+			if err := b.checkpoint(i); err != nil {
+				return nil, fmt.Errorf("%s: checkpoint %d: %w", sys, i, err)
+			}
+			took := time.Since(start)
+			// The probe logs its gap on its first tick after the checkpoint; seeing it tick with
+			// its token also shows the checkpoint left the container running, same process.
+			if _, err := waitProbe(b.rootfs(), tokens[sys]); err != nil {
+				return nil, fmt.Errorf("%s: after checkpoint %d: %w", sys, i, err)
+			}
+			down, err := downtime(b.rootfs(), start, time.Now())
+			if err != nil {
+				return nil, err
+			}
+			m.checkpoint, m.downtime = append(m.checkpoint, took), append(m.downtime, down)
+			m.shimPeak = max(m.shimPeak, e.shimPeak(sysID(b)))
+			e.progress("%-6s checkpoint %d/%d %8s   downtime %8s", sys, i+1, k, fmtMs(took), fmtMs(down))
+		}
+	}
+	for _, sys := range systems {
+		du, err := diskUsage(boxes[sys].diskDirs()...)
+		if err != nil {
+			return nil, err
+		}
+		res[sys].diskBytes = du - diskBefore[sys]
+	}
+
+	for j := range r {
+		i := (j * 3) % k // spread over the checkpoints, not always the last
+		for _, sys := range order(j) {
+			b, m := boxes[sys], res[sys]
+			if err := badAction(b.rootfs()); err != nil {
+				return nil, err
+			}
+			start := time.Now()
+			if err := b.rollback(i); err != nil {
+				return nil, fmt.Errorf("%s: rollback to checkpoint %d: %w", sys, i, err)
+			}
+			took := time.Since(start)
+			m.rollback = append(m.rollback, took)
+			m.restores++
+			if err := e.verify(b.rootfs(), at[sys][i], tokens[sys], s, i); err != nil {
+				return nil, fmt.Errorf("%s: after rollback to checkpoint %d: %w", sys, i, err)
+			}
+			m.verified++
+			m.shimPeak = max(m.shimPeak, e.shimPeak(sysID(b)))
+			e.progress("%-6s rollback to %d   %8s   verified", sys, i+1, fmtMs(took))
+		}
+	}
+	return res, nil
+}
+
+// verify checks the container whose rootfs is rootfs holds checkpoint i of series s: the counter
+// at exactly `at` in the same process and counting on, the probe the process it was (token), the
+// image's files undamaged and, in the filesystem workload, the data and checkpoint i's 1 MB.
+func (e *env) verify(rootfs string, at workload.Count, token string, s series, i int) error {
+	if err := (workload.Counter{Rootfs: rootfs}).ExpectRestored(e.ctx, at); err != nil {
+		return err
+	}
+	if _, err := waitProbe(rootfs, token); err != nil {
+		return err
+	}
+	if err := checkPasswd(rootfs); err != nil {
+		return err
+	}
+	if s.rootfsMB == 0 {
+		return nil
+	}
+	if err := checkData(rootfs, s.rootfsMB); err != nil {
+		return err
+	}
+	return checkDelta(rootfs, i)
+}
+
+// runFanout checkpoints an idle container on each system once and forks it n times for each n,
+// while it runs on. Each fork is verified (the counter and the probe as checkpointed, in the
+// same processes) and removed before the next n.
+func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error) {
+	res := map[int]map[string]*measured{}
+	boxes := map[string]sandbox{}
+	at := map[string]workload.Count{}
+	tokens := map[string]string{}
+	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
+	for _, sys := range systems {
+		b, err := e.newBox(sys, sys+"-fanout", 0)
+		if err != nil {
+			return nil, fmt.Errorf("%s: starting the container: %w", sys, err)
+		}
+		boxes[sys] = b
+		if tokens[sys], err = waitProbe(b.rootfs(), ""); err != nil {
+			return nil, err
+		}
+		if at[sys], err = (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 2); err != nil {
+			return nil, err
+		}
+		if err := b.checkpoint(0); err != nil {
+			return nil, fmt.Errorf("%s: checkpoint: %w", sys, err)
+		}
+	}
+	for round, n := range ns {
+		res[n] = map[string]*measured{}
+		for _, sys := range order(round) {
+			m := &measured{}
+			res[n][sys] = m
+			prefix := fmt.Sprintf("%s-fork%d", sys, n)
+			start := time.Now()
+			ids, each, err := boxes[sys].fork(0, n, prefix)
+			m.forkTotal = time.Since(start)
+			// Forks are removed whatever happened, so that a failure leaves nothing running.
+			defer func(ids []string) {
+				for _, id := range ids {
+					retErr = errors.Join(retErr, e.remove(id))
+				}
+			}(ids)
+			if err != nil {
+				return nil, fmt.Errorf("%s: fork -n %d: %w", sys, n, err)
+			}
+			m.forkEach = each
+			for _, id := range ids {
+				m.restores++
+				rootfs := e.d.RootfsPath(id)
+				if err := (workload.Counter{Rootfs: rootfs}).ExpectRestored(e.ctx, at[sys]); err != nil {
+					return nil, fmt.Errorf("%s: fork %s: %w", sys, id, err)
+				}
+				if _, err := waitProbe(rootfs, tokens[sys]); err != nil {
+					return nil, fmt.Errorf("%s: fork %s: %w", sys, id, err)
+				}
+				m.verified++
+				m.shimPeak = max(m.shimPeak, e.shimPeak(id))
+			}
+			for _, id := range ids {
+				if err := e.remove(id); err != nil {
+					return nil, err
+				}
+			}
+			e.progress("%-6s fork -n %-3d total %8s   each p50 %6.0f ms   %d/%d verified", sys, n, fmtMs(m.forkTotal), percentile(each, 0.5), m.verified, m.restores)
+		}
+	}
+	return res, nil
+}
+
+// closeAll closes every system's sandbox that was started.
+func closeAll(boxes map[string]sandbox) error {
+	var errs []error
+	for _, sys := range systems {
+		if b := boxes[sys]; b != nil {
+			if err := b.close(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: cleaning up: %w", sys, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func sysID(b sandbox) string {
+	switch b := b.(type) {
+	case *ckliteBox:
+		return b.id
+	case *stockBox:
+		return b.id
+	}
+	return ""
+}
+
+func fmtMs(d time.Duration) string { return fmt.Sprintf("%.0f ms", msOf(d)) }

@@ -1,0 +1,114 @@
+package localimage
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// Extend builds image name into dir: base's root filesystem with files added (path in the image
+// -> path on the host, copied with mode 0755), as one layer. It reads base and writes only below
+// dir, so a caller may put a short-lived image (a benchmark's, with a freshly built helper
+// binary) in a directory of its own instead of the shared cache.
+func Extend(ctx context.Context, base Image, dir, name string, files map[string]string) (Image, error) {
+	img := Image{Name: name, Layout: filepath.Join(dir, "layout"), Archive: filepath.Join(dir, "image.tar")}
+	rootfs := filepath.Join(dir, "rootfs")
+	for _, p := range []string{rootfs, img.Layout} {
+		if err := os.RemoveAll(p); err != nil {
+			return Image{}, err
+		}
+	}
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		return Image{}, err
+	}
+	defer os.RemoveAll(rootfs)
+	cfg, layers, err := readLayout(base.Layout)
+	if err != nil {
+		return Image{}, fmt.Errorf("reading %s: %w", base.Layout, err)
+	}
+	for _, l := range layers {
+		// tar keeps owners, modes, links and device nodes exactly as packed; base layers are
+		// uncompressed (writeLayout), and tar detects compression anyway.
+		out, err := exec.CommandContext(ctx, "tar", "-x", "--numeric-owner", "-p", "-C", rootfs, "-f", l).CombinedOutput()
+		if err != nil {
+			return Image{}, fmt.Errorf("unpacking %s: %w: %s", l, err, strings.TrimSpace(string(out)))
+		}
+	}
+	for inImage, host := range files {
+		if err := copyExecutable(host, filepath.Join(rootfs, inImage)); err != nil {
+			return Image{}, err
+		}
+	}
+	if err := writeLayout(rootfs, img.Layout, name, cfg); err != nil {
+		return Image{}, fmt.Errorf("building %s: %w", name, err)
+	}
+	if err := writeArchive(img.Layout, img.Archive); err != nil {
+		return Image{}, fmt.Errorf("building %s: %w", name, err)
+	}
+	return img, nil
+}
+
+// readLayout returns the config of a layout's one image and the paths of its layer blobs.
+func readLayout(layout string) (ocispec.ImageConfig, []string, error) {
+	blob := func(d ocispec.Descriptor) string {
+		return filepath.Join(layout, "blobs", d.Digest.Algorithm().String(), d.Digest.Encoded())
+	}
+	var index ocispec.Index
+	if err := readJSONFile(filepath.Join(layout, ocispec.ImageIndexFile), &index); err != nil {
+		return ocispec.ImageConfig{}, nil, err
+	}
+	if len(index.Manifests) != 1 {
+		return ocispec.ImageConfig{}, nil, fmt.Errorf("index lists %d manifests, want 1", len(index.Manifests))
+	}
+	var manifest ocispec.Manifest
+	if err := readJSONFile(blob(index.Manifests[0]), &manifest); err != nil {
+		return ocispec.ImageConfig{}, nil, err
+	}
+	var config ocispec.Image
+	if err := readJSONFile(blob(manifest.Config), &config); err != nil {
+		return ocispec.ImageConfig{}, nil, err
+	}
+	var layers []string
+	for _, l := range manifest.Layers {
+		layers = append(layers, blob(l))
+	}
+	return config.Config, layers, nil
+}
+
+func readJSONFile(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+func copyExecutable(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("copying %s: %w", src, err)
+	}
+	return out.Close()
+}
