@@ -76,8 +76,9 @@ func report(results []result, reps int) {
 	fmt.Println("\n(ratio: stock's time over cklite's; above 1x cklite is faster)")
 	for _, r := range results {
 		if r.stockFork != "" {
-			fmt.Printf("\n* Stock cannot fork while the original runs: restoring the checkpoint into a new container\n"+
-				"  fails (%s).\n"+
+			fmt.Printf("\n* Stock cannot fork while the original runs the way ctr restores (the checkpointed spec, which\n"+
+				"  names the original's cgroup): restoring into a new container fails (%s).\n"+
+				"  A client that rewrites the fork's cgroup path can (the benchmark, integration/bench/checkpoint, does).\n"+
 				"  Its fork time is a restore into a new container with the original stopped, one at a time;\n"+
 				"  cklite's forks run next to the original and to each other.\n", r.stockFork)
 			break
