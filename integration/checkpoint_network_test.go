@@ -36,6 +36,7 @@ func TestCheckpointNetwork(t *testing.T) {
 	}
 
 	mustNerdctl(t, e.d, "stop", "-t", "0", name)
+	e.collectGarbage(t) // no collection pending to race nerdctl's start (see TestCheckpointTerminalNerdctl)
 	mustNerdctl(t, e.d, "start", "--checkpoint", "net1", name)
 	waitForStatus(t, e.d, name, "running")
 	rolled := readNetState(t, e, name)

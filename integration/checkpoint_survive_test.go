@@ -463,6 +463,10 @@ func TestCheckpointTerminalNerdctl(t *testing.T) {
 
 	mustNerdctl(t, e.d, "stop", "-t", "0", name)
 	s.wait(t)
+	// nerdctl's start re-tars the checkpoint directory into the very blob `checkpoint create`
+	// released; a garbage collection still pending from that release may take it away under
+	// nerdctl ("content digest ... not found"). Collect now, so none is pending.
+	e.collectGarbage(t)
 	restored := startTerminal(t, e.d, 30, 100, "start", "-a", "-i", "--checkpoint", "ck", name)
 	if got := shellState(restored); got != before {
 		t.Fatalf("the shell restored by nerdctl start --checkpoint says %q, want %q, what it held at the checkpoint", got, before)
