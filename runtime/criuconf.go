@@ -108,29 +108,42 @@ func withoutLabel(labels []string, key string) []string {
 	return out
 }
 
-// SetCRIUOptions is WithCRIUOptions for the container as it is, before a dump.
-func (c *Container) SetCRIUOptions(dir string, options ...string) error {
+// PrepareDump configures the container for its next dump, in one configuration update (it sits
+// in every checkpoint's path): its own network namespace named so that the dump leaves it out as
+// external, and exactly options given to CRIU through WithCRIUOptions. Options an earlier restore
+// or dump was given go: with leave-stopped, a dump would leave the processes stopped instead of
+// ending them.
+func (c *Container) PrepareDump(dir string, options ...string) error {
 	cfg := c.lc.Config()
-	if err := WithCRIUOptions(&cfg, dir, options...); err != nil {
+	changed, err := nameNetNS(&cfg, c.InitPid())
+	if err != nil {
 		return err
 	}
-	return wrap("set CRIU options", c.lc.Set(cfg))
+	if len(options) > 0 {
+		if err := WithCRIUOptions(&cfg, dir, options...); err != nil {
+			return err
+		}
+		changed = true
+	} else if resetCRIUOptions(&cfg) {
+		changed = true
+	}
+	if !changed {
+		return nil
+	}
+	return wrap("configure the dump", c.lc.Set(cfg))
 }
 
-// ResetCRIUOptions gives the container its own CRIU configuration back: options meant for one
-// dump or restore must not reach the next (with leave-stopped, a dump would leave the processes
-// stopped instead of ending them).
-func (c *Container) ResetCRIUOptions() error {
-	cfg := c.lc.Config()
+// resetCRIUOptions gives cfg its own CRIU configuration back, reporting whether it had another.
+func resetCRIUOptions(cfg *configs.Config) bool {
 	if _, ours := utils.SearchLabels(cfg.Labels, originalCRIUConfigLabel); !ours {
-		return nil
+		return false
 	}
 	labels, original := ownCRIUConfig(cfg.Labels)
 	if file, named := strings.CutPrefix(original, "named:"); named {
 		labels = append(labels, criuConfigLabel+"="+file)
 	}
 	cfg.Labels = labels
-	return wrap("reset CRIU options", c.lc.Set(cfg))
+	return true
 }
 
 // PauseStopped freezes a container restored with LeaveStopped and continues its

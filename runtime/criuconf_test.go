@@ -52,6 +52,13 @@ func TestWithCRIUOptions(t *testing.T) {
 			if _, original := ownCRIUConfig(cfg.Labels); original != tc.wantOriginal {
 				t.Errorf("original configuration %q, want %q", original, tc.wantOriginal)
 			}
+			// The next dump without options gets the container's own configuration back.
+			if !resetCRIUOptions(cfg) || !slices.Equal(slices.Sorted(slices.Values(cfg.Labels)), slices.Sorted(slices.Values(tc.labels))) {
+				t.Errorf("labels after the reset %q, want %q", cfg.Labels, tc.labels)
+			}
+			if resetCRIUOptions(cfg) {
+				t.Errorf("a second reset found options to remove: %q", cfg.Labels)
+			}
 		})
 	}
 }

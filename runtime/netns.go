@@ -18,31 +18,32 @@ import (
 // established TCP connections restorable. A restore into a new task gets the namespace the spec
 // names, or a new one with lo up (which CNI hooks then configure, as at create).
 
-// ExternalNetNS makes the next dump leave the container's network namespace out as external,
-// and reports whether the container has one of its own to leave out. A namespace the spec
-// created (no path) is named by its /proc path for the dump; libcontainer reads it from the
-// configuration.
-func (c *Container) ExternalNetNS() (bool, error) {
+// HasNetNS reports whether the container runs in a network namespace other than the host's:
+// one the spec created, or one it names (a CRI pod's).
+func (c *Container) HasNetNS() bool {
 	cfg := c.lc.Config()
+	return cfg.Namespaces.Contains(configs.NEWNET)
+}
+
+// nameNetNS makes cfg name the container's network namespace, so that a dump leaves it out as
+// external (libcontainer does so for a namespace the configuration names by path). One the spec
+// created is named by init's /proc path; it reports whether cfg changed.
+func nameNetNS(cfg *configs.Config, initPid int) (bool, error) {
 	if !cfg.Namespaces.Contains(configs.NEWNET) {
 		return false, nil // the host's network
 	}
 	path := cfg.Namespaces.PathOf(configs.NEWNET)
 	if path != "" && !strings.HasPrefix(path, "/proc/") {
-		return true, nil // a namespace the spec names (a CRI pod's): libcontainer handles it
+		return false, nil // a namespace the spec names (a CRI pod's)
 	}
-	pid := c.InitPid()
-	if pid == 0 {
+	if initPid == 0 {
 		return false, fmt.Errorf("container has no init to find its network namespace")
 	}
-	own := fmt.Sprintf("/proc/%d/ns/net", pid)
+	own := fmt.Sprintf("/proc/%d/ns/net", initPid)
 	if path == own {
-		return true, nil
+		return false, nil
 	}
 	cfg.Namespaces.Add(configs.NEWNET, own)
-	if err := c.lc.Set(cfg); err != nil {
-		return false, wrap("name the network namespace for the dump", err)
-	}
 	return true, nil
 }
 

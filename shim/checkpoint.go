@@ -152,55 +152,40 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		if err := c.noRunningExecs(); err != nil {
 			return err
 		}
-		if meta.Dump.ExternalNetNS, err = c.engine.ExternalNetNS(); err != nil {
-			return err
-		}
+		meta.Dump.ExternalNetNS = c.engine.HasNetNS()
 		if meta.Dump.NetworkLock, err = networkLock(c.init.getPid(), meta.Dump.ExternalNetNS); err != nil {
 			return err
 		}
-		if opts := dumpCRIUOptions(meta.Dump); len(opts) > 0 {
-			// For this dump only: CRIU resumes the processes of a failed one, which must not keep
-			// the options; a successful one ends the container's processes and this engine.
-			if err := c.engine.SetCRIUOptions(ck.work, opts...); err != nil {
-				return err
-			}
-			defer func() {
-				if c.engine.InitPid() != 0 {
-					if err := c.engine.ResetCRIUOptions(); err != nil {
-						log.G(ctx).WithError(err).Warn("reset CRIU options after the dump")
-					}
-				}
-			}()
+		if err := c.engine.PrepareDump(ck.work, dumpCRIUOptions(meta.Dump)...); err != nil {
+			return err
 		}
 	}
-	meta.Snapshotter = rs.snapshotter
-	switch contents {
-	case checkpoint.FSOnly:
-		meta.Frozen = checkpoint.FrozenName(meta.ID)
-		return ck.filesystemOnly(ctx, rs, meta)
-	case checkpoint.MemoryOnly:
-		meta.Snapshotter = ""
+	if contents == checkpoint.MemoryOnly {
 		if err := c.engine.Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
 			return keepDumpLog(c.bundle, ck.work, err)
 		}
 		return ck.record(ctx, meta)
 	}
+	sn, err := ck.s.daemon.snapshotter(rs.snapshotter)
+	if err != nil {
+		return err
+	}
+	meta.Snapshotter = rs.snapshotter
 	meta.Frozen = checkpoint.FrozenName(meta.ID)
-	return ck.withRootfs(ctx, rs, meta)
+	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
+		return err
+	}
+	if contents == checkpoint.FSOnly {
+		return ck.filesystemOnly(ctx, sn, rs.key, meta)
+	}
+	return ck.withRootfs(ctx, sn, rs.key, meta)
 }
 
 // filesystemOnly freezes a copy of the rootfs upper without CRIU: the task is frozen in its
 // cgroup for the copy (unless the client paused it already) and runs on, on its own upper,
 // afterwards; with Exit it is killed once the copy is recorded.
-func (ck *checkpointRun) filesystemOnly(ctx context.Context, rs rootfsSnapshot, meta checkpoint.Meta) error {
+func (ck *checkpointRun) filesystemOnly(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
 	c := ck.c
-	sn, err := ck.s.daemon.snapshotter(rs.snapshotter)
-	if err != nil {
-		return err
-	}
-	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
-		return err
-	}
 	pause := !c.engine.Paused()
 	if pause {
 		if err := c.engine.Pause(); err != nil {
@@ -208,7 +193,7 @@ func (ck *checkpointRun) filesystemOnly(ctx context.Context, rs rootfsSnapshot, 
 		}
 	}
 	start := time.Now()
-	err = ck.copyRootfs(ctx, sn, rs.key, meta)
+	err := ck.copyRootfs(ctx, sn, key, meta)
 	copied := time.Since(start)
 	if pause {
 		if rerr := c.engine.Resume(); rerr != nil && err == nil {
@@ -244,15 +229,8 @@ func (ck *checkpointRun) copyRootfs(ctx context.Context, sn snapshots.Snapshotte
 // checkpoint, then restores the processes on the new upper unless the client asked to exit.
 // Whatever fails, the container ends up running on an intact filesystem, or, if even the restore
 // of the dump fails, stopped with an exit containerd sees; no half checkpoint is recorded.
-func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta checkpoint.Meta) error {
+func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
 	c := ck.c
-	sn, err := ck.s.daemon.snapshotter(rs.snapshotter)
-	if err != nil {
-		return err
-	}
-	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
-		return err
-	}
 	held, err := holdTask(c, meta.Dump.ExternalNetNS)
 	if err != nil {
 		return err
@@ -279,7 +257,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 		err = c.unmountRootfs(ctx)
 	}
 	if err == nil {
-		err = freeze.Freeze(ctx, sn, nil, rs.key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID})
+		err = freeze.Freeze(ctx, sn, nil, key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID})
 	}
 	frozen := err == nil
 	if frozen {
@@ -293,13 +271,13 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, rs rootfsSnapshot, meta
 	froze := time.Since(start) - dumped
 	if ck.opts.Exit && err == nil {
 		c.init.endHandover()
-		if merr := ck.remount(ctx, sn, rs.key); merr != nil {
+		if merr := ck.remount(ctx, sn, key); merr != nil {
 			log.G(ctx).WithError(merr).Warn("remount rootfs of the exited task")
 		}
 		ck.s.initExited(c, c.init, pid, code)
 		return nil
 	}
-	if rerr := ck.restoreInPlace(ctx, sn, rs.key, held, paused); rerr != nil {
+	if rerr := ck.restoreInPlace(ctx, sn, key, held, paused); rerr != nil {
 		c.init.endHandover()
 		ck.s.initExited(c, c.init, pid, code)
 		if err != nil {
@@ -434,9 +412,6 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 	c.mu.Lock()
 	c.engine = engine
 	c.mu.Unlock()
-	if err := engine.ResetCRIUOptions(); err != nil {
-		log.G(ctx).WithError(err).Warn("reset CRIU options after the restore")
-	}
 	c.init.started(lp, pid, statusRunning)
 	ck.s.watchInit(ctx, c)
 	if paused {

@@ -210,9 +210,6 @@ func (s *service) restore(ctx context.Context, c *container) error {
 		return err
 	}
 	c.checkpoint = ""
-	if err := c.engine.ResetCRIUOptions(); err != nil {
-		log.G(ctx).WithError(err).Warn("reset CRIU options after the restore")
-	}
 	s.watchInit(ctx, c)
 	return nil
 }
