@@ -20,12 +20,7 @@ import (
 func Extend(ctx context.Context, base Image, dir, name string, files map[string]string) (Image, error) {
 	img := Image{Name: name, Layout: filepath.Join(dir, "layout"), Archive: filepath.Join(dir, "image.tar")}
 	rootfs := filepath.Join(dir, "rootfs")
-	for _, p := range []string{rootfs, img.Layout} {
-		if err := os.RemoveAll(p); err != nil {
-			return Image{}, err
-		}
-	}
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+	if err := freshRootfs(rootfs, rootfs, img.Layout); err != nil {
 		return Image{}, err
 	}
 	defer os.RemoveAll(rootfs)
@@ -46,11 +41,8 @@ func Extend(ctx context.Context, base Image, dir, name string, files map[string]
 			return Image{}, err
 		}
 	}
-	if err := writeLayout(rootfs, img.Layout, name, cfg); err != nil {
-		return Image{}, fmt.Errorf("building %s: %w", name, err)
-	}
-	if err := writeArchive(img.Layout, img.Archive); err != nil {
-		return Image{}, fmt.Errorf("building %s: %w", name, err)
+	if err := pack(rootfs, img, cfg); err != nil {
+		return Image{}, err
 	}
 	return img, nil
 }

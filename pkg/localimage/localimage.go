@@ -100,25 +100,39 @@ func get(ctx context.Context, cacheDir string, r recipe, progress io.Writer) (Im
 	fmt.Fprintf(progress, "localimage: building %s (log: %s)\n", r.name, buildLog)
 	work := filepath.Join(dir, "work")
 	rootfs := filepath.Join(work, "rootfs")
-	for _, p := range []string{work, img.Layout} {
-		if err := os.RemoveAll(p); err != nil {
-			return Image{}, err
-		}
-	}
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+	if err := freshRootfs(rootfs, work, img.Layout); err != nil {
 		return Image{}, err
 	}
 	defer os.RemoveAll(work)
 	if err := r.build(ctx, rootfs, work, logf); err != nil {
 		return Image{}, fmt.Errorf("building %s: %w (log: %s)", r.name, err, buildLog)
 	}
-	if err := writeLayout(rootfs, img.Layout, r.name, r.config); err != nil {
-		return Image{}, fmt.Errorf("building %s: %w", r.name, err)
-	}
-	if err := writeArchive(img.Layout, img.Archive); err != nil {
-		return Image{}, fmt.Errorf("building %s: %w", r.name, err)
+	if err := pack(rootfs, img, r.config); err != nil {
+		return Image{}, err
 	}
 	return img, nil
+}
+
+// freshRootfs removes what an earlier, interrupted build left in the stale directories and makes
+// an empty rootfs.
+func freshRootfs(rootfs string, stale ...string) error {
+	for _, p := range stale {
+		if err := os.RemoveAll(p); err != nil {
+			return err
+		}
+	}
+	return os.MkdirAll(rootfs, 0o755)
+}
+
+// pack writes rootfs as img's one-layer layout, then its archive.
+func pack(rootfs string, img Image, cfg ocispec.ImageConfig) error {
+	if err := writeLayout(rootfs, img.Layout, img.Name, cfg); err != nil {
+		return fmt.Errorf("building %s: %w", img.Name, err)
+	}
+	if err := writeArchive(img.Layout, img.Archive); err != nil {
+		return fmt.Errorf("building %s: %w", img.Name, err)
+	}
+	return nil
 }
 
 func lock(path string) (func(), error) {
