@@ -1,0 +1,42 @@
+// Package ckimage is cklite's checkpoint image: a checkpoint packed as an ordinary OCI image, so
+// that registries, nerdctl, ctr and the CRI move it like any other and a node pulls only the
+// layers it lacks.
+//
+// The manifest lists, in order:
+//   - the layers of the image the checkpointed container ran (reused as they are: a registry that
+//     holds that image stores nothing again);
+//   - one layer per frozen layer of the checkpoint's chain, bottom first: each the diff of that
+//     frozen layer against its parent, so a checkpoint stacked on an exported one adds only its
+//     own delta (a checkpoint without its chain, such as a kubelet archive from another node,
+//     brings its rw diff as the one delta);
+//   - one blob of MediaTypeCheckpoint: an uncompressed tar of the CRIU image directory,
+//     cklite.json included. It is not a layer type, so containerd's unpacker fetches it but
+//     never applies it, and the config's rootfs.diff_ids list only the real layers.
+//
+// The config is the base image's with the entrypoint replaced by Marker, a path that exists in
+// no rootfs and names what is missing: with any runtime but cklite the container fails to start
+// with "exec: /cklite-checkpoint-image:requires-runtime-io.containerd.cklite.v2: no such file",
+// and nothing half-restored runs. The cklite shim recognises Marker in Create and restores the
+// checkpoint instead (shim/image_restore.go). The original entrypoint and cmd are kept in the
+// config's labels.
+package ckimage
+
+const (
+	// MediaTypeCheckpoint is the manifest entry holding the CRIU image directory.
+	MediaTypeCheckpoint = "application/vnd.cklite.checkpoint.v1.tar"
+	// Marker is the entrypoint of a checkpoint image.
+	Marker = "/cklite-checkpoint-image:requires-runtime-io.containerd.cklite.v2"
+)
+
+// Labels of a checkpoint image's config.
+const (
+	LabelCheckpoint = "io.cklite.checkpoint"            // the checkpoint's id
+	LabelEntrypoint = "io.cklite.checkpoint.entrypoint" // the base config's entrypoint, JSON
+	LabelCmd        = "io.cklite.checkpoint.cmd"        // the base config's cmd, JSON
+	LabelBase       = "io.cklite.checkpoint.base"       // the image the container ran
+)
+
+// IsMarker reports whether a process's args are a checkpoint image's entrypoint.
+func IsMarker(args []string) bool {
+	return len(args) > 0 && args[0] == Marker
+}

@@ -1,0 +1,152 @@
+package ckimage
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/platforms"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+)
+
+// DefaultCacheDir holds the CRIU image directories extracted from checkpoint images, one per
+// blob digest, shared by every container restored from the same image (a fork).
+const DefaultCacheDir = "/var/lib/cklite/images"
+
+// Find returns the CRIU image blob of the checkpoint image whose manifest (or index) is target.
+// An image without one is errdefs.ErrNotFound.
+func Find(ctx context.Context, cs content.Provider, name string, target ocispec.Descriptor, platform platforms.MatchComparer) (ocispec.Descriptor, error) {
+	m, err := images.Manifest(ctx, cs, target, platform)
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("manifest of image %s: %w", name, err)
+	}
+	for _, l := range m.Layers {
+		if l.MediaType == MediaTypeCheckpoint {
+			return l, nil
+		}
+	}
+	return ocispec.Descriptor{}, fmt.Errorf("image %s is not a cklite checkpoint image: its manifest has no %s entry: %w", name, MediaTypeCheckpoint, errdefs.ErrNotFound)
+}
+
+// Extract unpacks the CRIU image blob desc into cache/<digest> unless it is there already, and
+// returns that directory. The blob is verified against its digest and must hold a cklite
+// checkpoint with complete memory images; the directory appears whole or not at all, so
+// containers created concurrently from one image share one copy.
+func Extract(ctx context.Context, cs content.Provider, desc ocispec.Descriptor, cache string) (string, error) {
+	dir := filepath.Join(cache, desc.Digest.Encoded())
+	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil {
+		return dir, nil
+	}
+	if err := os.MkdirAll(cache, 0o700); err != nil {
+		return "", fmt.Errorf("checkpoint image cache: %w", err)
+	}
+	tmp, err := os.MkdirTemp(cache, ".extract-")
+	if err != nil {
+		return "", fmt.Errorf("checkpoint image cache: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := extractBlob(ctx, cs, desc, tmp); err != nil {
+		return "", err
+	}
+	if _, err := checkpoint.Read(tmp); err != nil {
+		return "", fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
+	}
+	if err := checkpoint.CheckImages(tmp); err != nil {
+		return "", fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		// Another create extracted the same blob first: use its copy.
+		if _, serr := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); serr == nil {
+			return dir, nil
+		}
+		return "", fmt.Errorf("checkpoint image cache: %w", err)
+	}
+	return dir, nil
+}
+
+func extractBlob(ctx context.Context, cs content.Provider, desc ocispec.Descriptor, dir string) error {
+	ra, err := cs.ReaderAt(ctx, desc)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return fmt.Errorf("the CRIU images of the checkpoint image (blob %s, %d bytes) are not in the content store (image not pulled completely?): %w", desc.Digest, desc.Size, err)
+		}
+		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
+	}
+	defer ra.Close()
+	if ra.Size() != desc.Size {
+		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %d bytes in the content store, the manifest says %d: %w", desc.Digest, ra.Size(), desc.Size, errdefs.ErrDataLoss)
+	}
+	verifier := desc.Digest.Verifier()
+	r := io.TeeReader(content.NewReader(ra), verifier)
+	if err := untar(r, dir); err != nil {
+		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %w: %w", desc.Digest, err, errdefs.ErrDataLoss)
+	}
+	// The rest of the blob (tar padding) counts for the digest too.
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
+	}
+	if !verifier.Verified() {
+		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: the content does not match its digest: %w", desc.Digest, errdefs.ErrDataLoss)
+	}
+	return nil
+}
+
+// untar writes the regular files and directories of the tar r below dir; anything else, or a
+// name leaving dir, is refused.
+func untar(r io.Reader, dir string) error {
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		name := filepath.Clean(filepath.FromSlash(h.Name))
+		if name == "." || filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
+			return fmt.Errorf("tar entry %q leaves the directory", h.Name)
+		}
+		path := filepath.Join(dir, name)
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(path, 0o700); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := writeFile(path, tr, h.Size); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("tar entry %q is of type %c, not a file or directory", h.Name, h.Typeflag)
+		}
+	}
+}
+
+func writeFile(path string, r io.Reader, size int64) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && n != size {
+		err = fmt.Errorf("%s: %d of %d bytes", path, n, size)
+	}
+	return err
+}
