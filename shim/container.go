@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/ckimage"
 	"github.com/cklite/cklite/runtime"
 )
 
@@ -31,6 +32,7 @@ type container struct {
 	engine     *runtime.Container
 	init       *process
 	checkpoint string               // image directory to restore from at Start, if created from a checkpoint
+	fromImage  bool                 // that checkpoint came with the container's image: its rootfs is the checkpoint's
 	dumped     checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
 	netns      *os.File             // a new network namespace for that restore, held until it is done
 	spec       *specs.Spec
@@ -86,6 +88,12 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		}),
 	}
 	c.execsDone = sync.NewCond(&c.mu)
+	if c.checkpoint == "" && spec.Process != nil && ckimage.IsMarker(spec.Process.Args) {
+		if c.checkpoint, err = s.imageCheckpoint(ctx, ns, r.ID); err != nil {
+			return nil, err
+		}
+		c.fromImage = true
+	}
 
 	// libcontainer and mount helpers fork: keep the orphan reaper off their children.
 	release := s.reaper.hold()
@@ -126,7 +134,8 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 }
 
 // prepareRestore reads the checkpoint c is created from and returns the rootfs to mount for it:
-// a cklite checkpoint with a filesystem brings its own (a fresh upper on its frozen layer); a
+// a cklite checkpoint with a filesystem brings its own (a fresh upper on its frozen layer), unless
+// the container's image is the checkpoint (its rootfs already holds the checkpoint's files); a
 // memory-only or stock CRIU image restores on the container's current rootfs. A checkpoint of the
 // filesystem alone leaves nothing for CRIU: the process then starts afresh on that filesystem.
 func (s *service) prepareRestore(ctx context.Context, ns string, c *container, rootfs []mount.Mount) ([]mount.Mount, error) {
@@ -144,7 +153,7 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 	}
 	c.dumped = meta.Dump
 	moveOwnCgroup(c.spec, meta.Container, c.id)
-	if meta.Contents.HasFS() {
+	if meta.Contents.HasFS() && !c.fromImage {
 		if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {
 			return nil, err
 		}

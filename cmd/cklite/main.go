@@ -41,6 +41,8 @@ var commands = []command{
 	{name: "checkpoint inspect", args: "ID...", summary: "Print checkpoints as JSON, with the size of their frozen layer. An ID may be any unique prefix.", flags: checkpointInspectFlags},
 	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "ID...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
 	{name: "checkpoint create", args: "CONTAINER", summary: "Checkpoint a container's task: memory and filesystem, or either alone. Prints the checkpoint's id.", flags: checkpointCreateFlags},
+	{name: "checkpoint export", args: "CHECKPOINT|DIR|ARCHIVE", summary: "Make a checkpoint (id, CRIU image directory or CRI checkpoint archive) an OCI image that a cklite container restores from.", flags: checkpointExportFlags},
+	{name: "checkpoint import", args: "FILE", summary: "Import a checkpoint image from an OCI archive (what export -o writes).", flags: checkpointImportFlags},
 	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds).", flags: checkpointPruneFlags},
 	{name: "rollback", args: "CONTAINER [CHECKPOINT]", summary: "Roll a running container back to a checkpoint in place: same task, stdio and network namespace.", flags: rollbackFlags},
 	{name: "fork", args: "[CHECKPOINT]", summary: "Restore one checkpoint into N new containers, all running at once.", flags: forkFlags},

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/images/archive"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/platforms"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/ckimage"
+)
+
+func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+	ref := fs.String("ref", "", "`REF`: name of the checkpoint image in containerd (push it with nerdctl push or ctr images push)")
+	out := fs.String("o", "", "`FILE`: also write the image as an OCI archive (cklite checkpoint import, ctr images import)")
+	base := fs.String("base", "", "`IMAGE` the checkpointed container ran; default: the container's image, or the archive's")
+	return func(ctx context.Context, cli *cli, args []string) error {
+		if len(args) != 1 {
+			return fmt.Errorf("checkpoint export takes one checkpoint (id, image directory or CRI archive), got %q: %w", args, errdefs.ErrInvalidArgument)
+		}
+		if *ref == "" {
+			return fmt.Errorf("--ref names the image to write: %w", errdefs.ErrInvalidArgument)
+		}
+		ctrd, ctx, err := cli.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer ctrd.Close()
+		ctx, done, err := ctrd.WithLease(ctx, leases.WithExpiration(time.Hour))
+		if err != nil {
+			return err
+		}
+		defer done(context.WithoutCancel(ctx)) //nolint:errcheck
+		e := &exporter{ctrd: ctrd, namespace: cli.namespace, progress: cli.stderr, base: *base}
+		src, err := e.source(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		defer src.close()
+		start := time.Now()
+		img, err := e.export(ctx, src, *ref)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(cli.stderr, "image %s: %s (%.1fs)\n", img.Name, img.Target.Digest, time.Since(start).Seconds())
+		if *out != "" {
+			if err := exportArchive(ctx, ctrd, img.Name, *out, cli.stderr); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintln(cli.stdout, img.Name)
+		return nil
+	}
+}
+
+// exporter makes checkpoint images in one containerd namespace.
+type exporter struct {
+	ctrd      *client.Client
+	namespace string
+	progress  io.Writer
+	base      string // --base
+}
+
+// source is a checkpoint to export: its CRIU image directory and, for a CRI archive, the
+// archive.
+type source struct {
+	criuDir string
+	meta    checkpoint.Meta
+	archive *ckimage.Archive
+}
+
+func (s source) close() {
+	if s.archive != nil {
+		os.RemoveAll(s.archive.Dir)
+	}
+}
+
+// source finds what arg names: a CRI checkpoint archive, a CRIU image directory, or a
+// checkpoint id whose image directory is known.
+func (e *exporter) source(ctx context.Context, arg string) (source, error) {
+	var src source
+	info, err := os.Stat(arg)
+	switch {
+	case err == nil && info.Mode().IsRegular():
+		a, err := ckimage.OpenArchive(arg, os.TempDir())
+		if err != nil {
+			return source{}, err
+		}
+		src.archive, src.criuDir = &a, a.CRIUDir()
+	case err == nil && info.IsDir():
+		src.criuDir = arg
+	default:
+		recs, err := checkpoint.List(ctx, e.ctrd.LeasesService(), e.namespace)
+		if err != nil {
+			return source{}, err
+		}
+		n, err := checkpoint.NewTree(recs).Lookup(arg)
+		if err != nil {
+			return source{}, err
+		}
+		if n.ImagePath == "" {
+			return source{}, fmt.Errorf("checkpoint %s was written into a checkpoint image, not a directory this command can read: export its image directory or its CRI archive: %w", n.ID, errdefs.ErrNotFound)
+		}
+		src.criuDir = n.ImagePath
+	}
+	if src.meta, err = checkpoint.Read(src.criuDir); err != nil {
+		src.close()
+		return source{}, err
+	}
+	if !src.meta.Contents.HasMemory() || !src.meta.Contents.HasFS() {
+		src.close()
+		return source{}, fmt.Errorf("checkpoint %s holds %s: a checkpoint image needs both memory and filesystem: %w", src.meta.ID, src.meta.Contents, errdefs.ErrInvalidArgument)
+	}
+	return src, nil
+}
+
+// export writes the checkpoint image of src and names it ref.
+func (e *exporter) export(ctx context.Context, src source, ref string) (images.Image, error) {
+	base, err := e.baseImage(ctx, src)
+	if err != nil {
+		return images.Image{}, err
+	}
+	fmt.Fprintf(e.progress, "checkpoint %s of container %s on image %s\n", src.meta.ID, src.meta.Container, base.Name)
+	deltas, err := e.deltas(ctx, src, base)
+	if err != nil {
+		return images.Image{}, err
+	}
+	cs := e.ctrd.ContentStore()
+	target, err := ckimage.Write(ctx, cs, ckimage.Spec{Base: base, Deltas: deltas, CRIUDir: src.criuDir, Meta: src.meta})
+	if err != nil {
+		return images.Image{}, err
+	}
+	is := e.ctrd.ImageService()
+	img := images.Image{Name: ref, Target: target, Labels: map[string]string{ckimage.LabelCheckpoint: src.meta.ID}}
+	created, err := is.Create(ctx, img)
+	if errdefs.IsAlreadyExists(err) {
+		created, err = is.Update(ctx, img, "target", "labels."+ckimage.LabelCheckpoint)
+	}
+	if err != nil {
+		return images.Image{}, fmt.Errorf("image record %s: %w", ref, err)
+	}
+	return created, nil
+}
+
+// baseImage is the image the checkpointed container was made from.
+func (e *exporter) baseImage(ctx context.Context, src source) (images.Image, error) {
+	name := e.base
+	if name == "" {
+		c, err := e.ctrd.ContainerService().Get(ctx, src.meta.Container)
+		switch {
+		case err == nil:
+			name = c.Image
+		case !errdefs.IsNotFound(err):
+			return images.Image{}, fmt.Errorf("container %s of checkpoint %s: %w", src.meta.Container, src.meta.ID, err)
+		case src.archive != nil:
+			name = src.archive.Config.RootfsImageName
+		}
+	}
+	if name == "" {
+		return images.Image{}, fmt.Errorf("container %s of checkpoint %s is gone and its image is unknown: name it with --base: %w", src.meta.Container, src.meta.ID, errdefs.ErrNotFound)
+	}
+	img, err := e.ctrd.ImageService().Get(ctx, name)
+	if err != nil {
+		return images.Image{}, fmt.Errorf("base image %s of checkpoint %s: %w", name, src.meta.ID, err)
+	}
+	return img, nil
+}
+
+// deltas are the layers of the checkpoint's filesystem over base: its chain of frozen layers
+// when this host has it, else the rw diff of a CRI archive.
+func (e *exporter) deltas(ctx context.Context, src source, base images.Image) ([]ckimage.Layer, error) {
+	sn := e.ctrd.SnapshotService(src.meta.Snapshotter)
+	_, err := sn.Stat(ctx, src.meta.Frozen)
+	if errdefs.IsNotFound(err) && src.archive != nil {
+		fmt.Fprintf(e.progress, "frozen layer %s is not here: the archive's rootfs-diff.tar is the one delta\n", src.meta.Frozen)
+		l, err := src.archive.RootfsDiffLayer(ctx, e.ctrd.ContentStore())
+		if err != nil {
+			return nil, err
+		}
+		return []ckimage.Layer{l}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("frozen layer %s of checkpoint %s: %w", src.meta.Frozen, src.meta.ID, err)
+	}
+	chain, parent, err := ckimage.Chain(ctx, sn, src.meta.Frozen)
+	if err != nil {
+		return nil, err
+	}
+	top, err := ckimage.BaseChainID(ctx, e.ctrd.ContentStore(), base, platforms.Default())
+	if err != nil {
+		return nil, err
+	}
+	if parent != top.String() {
+		return nil, fmt.Errorf("the frozen layers of checkpoint %s are stacked on snapshot %q, not on the layers of image %s (%s): name the container's image with --base: %w",
+			src.meta.ID, parent, base.Name, top, errdefs.ErrFailedPrecondition)
+	}
+	return ckimage.Deltas(ctx, sn, e.ctrd.DiffService(), parent, chain, e.progress)
+}
+
+// exportArchive writes image name as an OCI archive to path.
+func exportArchive(ctx context.Context, ctrd *client.Client, name, path string, progress io.Writer) error {
+	start := time.Now()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	err = ctrd.Export(ctx, f, archive.WithImage(ctrd.ImageService(), name), archive.WithPlatform(platforms.DefaultStrict()))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("export %s to %s: %w", name, path, err)
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(progress, "archive %s: %d bytes (%.1fs)\n", path, info.Size(), time.Since(start).Seconds())
+	return nil
+}
