@@ -203,7 +203,7 @@ func (e *exporter) deltas(ctx context.Context, src source, base images.Image) ([
 		return nil, fmt.Errorf("the frozen layers of checkpoint %s are stacked on snapshot %q, not on the layers of image %s (%s): name the container's image with --base: %w",
 			src.meta.ID, parent, base.Name, top, errdefs.ErrFailedPrecondition)
 	}
-	return ckimage.Deltas(ctx, sn, e.ctrd.DiffService(), parent, chain, e.progress)
+	return ckimage.Deltas(ctx, sn, e.ctrd.DiffService(), e.ctrd.ContentStore(), parent, chain, e.progress)
 }
 
 // exportArchive writes image name as an OCI archive to path.

@@ -56,12 +56,12 @@ func BaseChainID(ctx context.Context, cs content.Provider, base images.Image, pl
 // Deltas diffs each layer of chain against the one below it (the first against base) with the
 // differ d and returns the layers, gzip-compressed, in the content store of d. Progress lines go
 // to progress.
-func Deltas(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, base string, chain []string, progress io.Writer) ([]Layer, error) {
+func Deltas(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs content.Store, base string, chain []string, progress io.Writer) ([]Layer, error) {
 	var layers []Layer
 	parent := base
 	for i, name := range chain {
 		start := time.Now()
-		l, err := delta(ctx, sn, d, parent, name)
+		l, err := delta(ctx, sn, d, cs, parent, name)
 		if err != nil {
 			return nil, err
 		}
@@ -72,7 +72,7 @@ func Deltas(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, base
 	return layers, nil
 }
 
-func delta(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, parent, name string) (_ Layer, retErr error) {
+func delta(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs content.Store, parent, name string) (_ Layer, retErr error) {
 	upper, err := view(ctx, sn, name)
 	if err != nil {
 		return Layer{}, err
@@ -89,13 +89,9 @@ func delta(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, paren
 	if err != nil {
 		return Layer{}, fmt.Errorf("diff frozen layer %s against %s: %w", name, parent, err)
 	}
-	diffID, err := digest.Parse(desc.Annotations["containerd.io/uncompressed"])
+	diffID, err := images.GetDiffID(ctx, cs, desc)
 	if err != nil {
-		return Layer{}, fmt.Errorf("diff of %s names no uncompressed digest: %w", name, err)
-	}
-	delete(desc.Annotations, "containerd.io/uncompressed")
-	if len(desc.Annotations) == 0 {
-		desc.Annotations = nil
+		return Layer{}, fmt.Errorf("diff of %s: %w", name, err)
 	}
 	return Layer{Desc: desc, DiffID: diffID}, nil
 }

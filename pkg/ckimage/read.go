@@ -42,7 +42,7 @@ func Find(ctx context.Context, cs content.Provider, name string, target ocispec.
 // returns that directory. The blob is verified against its digest and must hold a cklite
 // checkpoint with complete memory images; the directory appears whole or not at all, so
 // containers created concurrently from one image share one copy.
-func Extract(ctx context.Context, cs content.Provider, desc ocispec.Descriptor, cache string) (string, error) {
+func Extract(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, cache string) (string, error) {
 	dir := filepath.Join(cache, desc.Digest.Encoded())
 	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil {
 		return dir, nil
@@ -74,22 +74,30 @@ func Extract(ctx context.Context, cs content.Provider, desc ocispec.Descriptor, 
 	return dir, nil
 }
 
-func extractBlob(ctx context.Context, cs content.Provider, desc ocispec.Descriptor, dir string) error {
+func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir string) error {
+	// A proxy content store opens anything and fails only on the first read: ask first.
+	info, err := cs.Info(ctx, desc.Digest)
+	if errdefs.IsNotFound(err) {
+		return missing(desc, err)
+	}
+	if err != nil {
+		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
+	}
+	if info.Size != desc.Size {
+		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %d bytes in the content store, the manifest says %d: %w", desc.Digest, info.Size, desc.Size, errdefs.ErrDataLoss)
+	}
 	ra, err := cs.ReaderAt(ctx, desc)
 	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return fmt.Errorf("the CRIU images of the checkpoint image (blob %s, %d bytes) are not in the content store (image not pulled completely?): %w", desc.Digest, desc.Size, err)
-		}
 		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
 	}
 	defer ra.Close()
-	if ra.Size() != desc.Size {
-		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %d bytes in the content store, the manifest says %d: %w", desc.Digest, ra.Size(), desc.Size, errdefs.ErrDataLoss)
-	}
 	verifier := desc.Digest.Verifier()
 	r := io.TeeReader(content.NewReader(ra), verifier)
 	if err := untar(r, dir); err != nil {
-		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %w: %w", desc.Digest, err, errdefs.ErrDataLoss)
+		if errdefs.IsNotFound(err) { // known to containerd's metadata, gone from the disk
+			return missing(desc, err)
+		}
+		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %v: %w", desc.Digest, err, errdefs.ErrDataLoss)
 	}
 	// The rest of the blob (tar padding) counts for the digest too.
 	if _, err := io.Copy(io.Discard, r); err != nil {
@@ -99,6 +107,10 @@ func extractBlob(ctx context.Context, cs content.Provider, desc ocispec.Descript
 		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: the content does not match its digest: %w", desc.Digest, errdefs.ErrDataLoss)
 	}
 	return nil
+}
+
+func missing(desc ocispec.Descriptor, err error) error {
+	return fmt.Errorf("the CRIU images of the checkpoint image (blob %s, %d bytes) are not in the content store (image not pulled completely?): %w", desc.Digest, desc.Size, err)
 }
 
 // untar writes the regular files and directories of the tar r below dir; anything else, or a
