@@ -61,6 +61,10 @@ func (c *CRI) Context(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, CRINamespace)
 }
 
+// RootfsPath is where the shim mounts the root filesystem of CRI container id, visible from the
+// host (see Daemon.RootfsPath).
+func (c *CRI) RootfsPath(id string) string { return c.d.rootfsPath(CRINamespace, id) }
+
 // Close closes the connection; pods and containers stay (the daemon's Close removes them).
 func (c *CRI) Close() error { return c.conn.Close() }
 
