@@ -347,6 +347,8 @@ func (d *Daemon) FIFODir() string { return filepath.Join(d.Dir, "fifo") }
 
 // RootfsPath is where the shim mounts container id's root filesystem (<bundle>/rootfs), visible
 // from the host: tests read and write a container's files there, even while it is paused.
-func (d *Daemon) RootfsPath(id string) string {
-	return filepath.Join(d.State, "io.containerd.runtime.v2.task", d.Namespace, id, "rootfs")
+func (d *Daemon) RootfsPath(id string) string { return d.rootfsPath(d.Namespace, id) }
+
+func (d *Daemon) rootfsPath(namespace, id string) string {
+	return filepath.Join(d.State, "io.containerd.runtime.v2.task", namespace, id, "rootfs")
 }

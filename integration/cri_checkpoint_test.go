@@ -1,0 +1,253 @@
+package integration
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/integration/workload"
+	"github.com/cklite/cklite/pkg/checkpoint"
+)
+
+// criArchiveFiles are what containerd's CheckpointContainer writes into the kubelet's archive
+// besides the CRIU images under checkpoint/.
+var criArchiveFiles = []string{"rootfs-diff.tar", "spec.dump", "config.dump", "status.dump", "container.log"}
+
+// TestCRICheckpointContainer checkpoints a running counter through CRI's CheckpointContainer (what
+// the kubelet's checkpoint API calls) with each handler, idle and with 200 MB written into the
+// container before each checkpoint, three times. Each archive must hold what containerd writes; the
+// container must run on with the same process (token and count). cklite's CRIU directory must carry
+// cklite.json naming a frozen layer that holds the written data, stacked on the previous
+// checkpoint's, so that its rootfs-diff.tar stays empty: the filesystem half cost no walk of the
+// rootfs while the container was paused. runc's diff holds the data.
+func TestCRICheckpointContainer(t *testing.T) {
+	d, cri := startCRI(t)
+	for _, tc := range []struct {
+		handler string
+		mb      int
+	}{
+		{harness.HandlerCklite, 0},
+		{harness.HandlerCklite, 200},
+		{harness.HandlerRunc, 0},
+		{harness.HandlerRunc, 200},
+	} {
+		t.Run(fmt.Sprintf("%s-%dMB", tc.handler, tc.mb), func(t *testing.T) {
+			ctx := context.Background()
+			pod, id := runCounterPod(t, cri, fmt.Sprintf("ck-%s-%d", tc.handler, tc.mb), tc.handler)
+			c := newCounter(cri.RootfsPath(id))
+			var times []time.Duration
+			var parent string
+			for round := range 3 {
+				if tc.mb > 0 {
+					if _, err := cri.Exec(ctx, id, "dd", "if=/dev/urandom", "of=/tmp/data", "bs=1M", fmt.Sprintf("count=%d", tc.mb)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				at := c.advance(t, 5)
+
+				archive := filepath.Join(d.Dir, fmt.Sprintf("%s-%d.tar", pod.Config.GetMetadata().GetName(), round))
+				start := time.Now()
+				if _, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
+					t.Fatal(err)
+				}
+				times = append(times, time.Since(start))
+
+				files := readArchive(t, archive)
+				for _, name := range append([]string{"checkpoint/inventory.img"}, criArchiveFiles...) {
+					if _, ok := files[name]; !ok {
+						t.Errorf("archive has no %s", name)
+					}
+				}
+				diffMB := int(files["rootfs-diff.tar"].size >> 20)
+				if tc.handler == harness.HandlerCklite {
+					meta := checkCkliteMeta(t, d, cri, files["checkpoint/"+checkpoint.MetaFile], id, tc.mb)
+					if meta.Parent != parent {
+						t.Errorf("checkpoint %d: parent %q, want the previous one, %q", round, meta.Parent, parent)
+					}
+					parent = meta.ID
+					if diffMB > 0 {
+						t.Errorf("rootfs-diff.tar holds %d MB: the diff walked the frozen data", diffMB)
+					}
+				} else if diffMB < tc.mb*9/10 {
+					t.Errorf("runc's rootfs-diff.tar holds %d MB, want the %d MB written", diffMB, tc.mb)
+				}
+
+				if st, err := cri.ContainerState(ctx, id); err != nil || st != runtimeapi.ContainerState_CONTAINER_RUNNING {
+					t.Fatalf("after checkpoint %d: state %v, %v; want RUNNING", round, st, err)
+				}
+				c.expectRestored(t, at)
+			}
+			slices.Sort(times)
+			t.Logf("timing: CRI CheckpointContainer, %s, %d MB written: median %v of %v", tc.handler, tc.mb, times[len(times)/2].Round(time.Millisecond), times)
+		})
+	}
+}
+
+// TestCRICheckpointErrors checks that refused CRI checkpoints say why, and leave a running
+// container running.
+func TestCRICheckpointErrors(t *testing.T) {
+	d, cri := startCRI(t)
+	ctx := context.Background()
+	pod, running := runCounterPod(t, cri, "ck-errors", harness.HandlerCklite)
+	stopped, err := cri.StartContainer(ctx, pod, pod.Container("stopped", busybox.Name, "true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitExited(t, cri, stopped)
+	// An exec'd process is not in the init's process tree CRIU dumps: cklite refuses (an exec
+	// liveness probe running at the kubelet's checkpoint meets this).
+	execDone := make(chan error, 1)
+	go func() {
+		_, err := cri.Exec(ctx, running, "sleep", "3")
+		execDone <- err
+	}()
+	waitExecRunning(t, cri, running, "sleep 3")
+
+	for _, tc := range []struct {
+		name, id, want string
+	}{
+		{"exec running", running, "started with exec still running"},
+		{"stopped", stopped, "only CONTAINER_RUNNING containers can be checkpointed"},
+		{"unknown", "no-such-container", "not found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			archive := filepath.Join(d.Dir, "refused.tar")
+			_, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: tc.id, Location: archive})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("checkpoint of %s: %v, want an error saying %q", tc.name, err, tc.want)
+			}
+			if _, err := os.Stat(archive); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a refused checkpoint left %s (%v)", archive, err)
+			}
+		})
+	}
+	if err := <-execDone; err != nil {
+		t.Errorf("the exec running during the refused checkpoint: %v", err)
+	}
+	if st, err := cri.ContainerState(ctx, running); err != nil || st != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("after the refused checkpoints: state %v, %v; want RUNNING", st, err)
+	}
+	newCounter(cri.RootfsPath(running)).advance(t, 3)
+}
+
+// runCounterPod runs a host-network pod with the handler whose one container runs the counter
+// workload after a line on stdout (so its container.log is not empty).
+func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string) (*harness.Pod, string) {
+	t.Helper()
+	ctx := context.Background()
+	pod, err := cri.RunPod(ctx, name, handler, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cri.RemovePod(context.Background(), pod); err != nil {
+			t.Error(err)
+		}
+	})
+	id, err := cri.StartContainer(ctx, pod, pod.Container("counter", busybox.Name, "sh", "-c", "echo counting; "+workload.CounterScript))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod, id
+}
+
+type archiveFile struct {
+	size int64
+	data []byte // of small files only
+}
+
+// readArchive returns the regular files of a checkpoint archive by name, with the contents of
+// those under 1 MiB.
+func readArchive(t *testing.T, path string) map[string]archiveFile {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	files := map[string]archiveFile{}
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files
+		}
+		if err != nil {
+			t.Fatalf("reading %s: %v", path, err)
+		}
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		af := archiveFile{size: hdr.Size}
+		if hdr.Size < 1<<20 {
+			if af.data, err = io.ReadAll(tr); err != nil {
+				t.Fatalf("reading %s from %s: %v", hdr.Name, path, err)
+			}
+		}
+		files[strings.TrimPrefix(hdr.Name, "/")] = af
+	}
+}
+
+// checkCkliteMeta checks the archive's cklite.json records a memory+fs checkpoint of container id
+// whose frozen layer exists in containerd and holds at least the mb written.
+func checkCkliteMeta(t *testing.T, d *harness.Daemon, cri *harness.CRI, f archiveFile, id string, mb int) checkpoint.Meta {
+	t.Helper()
+	var meta checkpoint.Meta
+	if err := json.Unmarshal(f.data, &meta); err != nil {
+		t.Fatalf("checkpoint/%s in the archive: %v", checkpoint.MetaFile, err)
+	}
+	if meta.Container != id || meta.Namespace != harness.CRINamespace || meta.Contents != checkpoint.MemoryAndFS || meta.Frozen == "" {
+		t.Fatalf("%s records %+v, want a memory+fs checkpoint of %s/%s with a frozen layer", checkpoint.MetaFile, meta, harness.CRINamespace, id)
+	}
+	usage, err := d.Client().SnapshotService(meta.Snapshotter).Usage(cri.Context(context.Background()), meta.Frozen)
+	if err != nil {
+		t.Fatalf("frozen layer %s of %s: %v", meta.Frozen, checkpoint.MetaFile, err)
+	}
+	if int(usage.Size>>20) < mb {
+		t.Errorf("frozen layer %s holds %d bytes, want the %d MB written", meta.Frozen, usage.Size, mb)
+	}
+	return meta
+}
+
+func waitExited(t *testing.T, cri *harness.CRI, id string) {
+	t.Helper()
+	for range 500 {
+		st, err := cri.ContainerState(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st == runtimeapi.ContainerState_CONTAINER_EXITED {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("container %s did not exit within 5s", id)
+}
+
+// waitExecRunning waits until a process whose command line is cmdline runs in container id.
+func waitExecRunning(t *testing.T, cri *harness.CRI, id, cmdline string) {
+	t.Helper()
+	for range 500 {
+		out, err := cri.Exec(context.Background(), id, "ps", "-o", "args")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out, cmdline) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%q is not running in %s after 5s", cmdline, id)
+}
