@@ -1,0 +1,121 @@
+package integration
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/pkg/ckimage"
+)
+
+// TestCRIRestore restores a pod from a checkpoint image with stock containerd's CRI, as the
+// kubelet drives it: CheckpointContainer writes the kubelet's archive, `cklite checkpoint export`
+// makes it an image and nerdctl pushes it; then CreateContainer + StartContainer of that image in
+// a new pod with the cklite handler must bring back the checkpointed process and files, on the
+// same containerd (twice: a fork) and on a second containerd that only pulls the image through
+// CRI. With the runc handler the container must fail to start naming the missing runtime.
+func TestCRIRestore(t *testing.T) {
+	d, cri := startCRI(t)
+	ctx := context.Background()
+	_, id := runCounterPod(t, cri, "ck-source", harness.HandlerCklite)
+	c := newCounter(cri.RootfsPath(id))
+	writeMarks(t, c.Rootfs, "cri")
+	at := c.advance(t, 5)
+	archive := filepath.Join(d.Dir, "source.tar")
+	start := time.Now()
+	if _, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
+		t.Fatal(err)
+	}
+	logTiming(t, "CRI CheckpointContainer", start)
+	changeMarks(t, c.Rootfs, "cri")
+	c.advance(t, 3)
+
+	ref := registry.Addr + "/cklite/cri-checkpoint:" + randomTag()
+	start = time.Now()
+	cklite(t, d, "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref, archive)
+	logTiming(t, "cklite checkpoint export of the CRI archive", start)
+	start = time.Now()
+	nerdctl(t, d, "-n", harness.CRINamespace, "push", "--quiet", ref)
+	logTiming(t, "nerdctl push of the checkpoint image", start)
+	waitCRIImage(t, cri, ref)
+
+	t.Run("same containerd", func(t *testing.T) {
+		for _, name := range []string{"restored", "fork"} {
+			rc := restorePod(t, cri, name, harness.HandlerCklite, ref)
+			expectRolledBack(t, rc, at, "cri")
+		}
+	})
+
+	t.Run("runc refuses", func(t *testing.T) {
+		pod, err := cri.RunPod(ctx, "with-runc", harness.HandlerRunc, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cri.RemovePod(context.Background(), pod) })
+		_, err = cri.StartContainer(ctx, pod, pod.Container("restored", ref))
+		expectErrorNaming(t, err, ckimage.Marker)
+	})
+
+	t.Run("another containerd", func(t *testing.T) {
+		d2 := startDaemon(t, harness.Config{CkliteSnapshotter: true})
+		cri2, err := d2.CRI(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cri2.Close() })
+		start := time.Now()
+		if _, err := cri2.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+			t.Fatal(err)
+		}
+		logTiming(t, "CRI PullImage of the checkpoint image, fresh containerd", start)
+		rc := restorePod(t, cri2, "migrated", harness.HandlerCklite, ref)
+		expectRolledBack(t, rc, at, "cri")
+	})
+}
+
+// restorePod runs a pod named name with handler whose one container is the checkpoint image ref
+// (its own entrypoint: the marker) and returns its counter.
+func restorePod(t *testing.T, cri *harness.CRI, name, handler, ref string) counter {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	pod, err := cri.RunPod(ctx, name, handler, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cri.RemovePod(context.Background(), pod); err != nil {
+			t.Error(err)
+		}
+	})
+	logTiming(t, "RunPodSandbox "+name, start)
+	start = time.Now()
+	id, err := cri.StartContainer(ctx, pod, pod.Container("restored", ref))
+	if err != nil {
+		t.Fatalf("restoring pod %s from %s: %v%s", name, ref, err, criuErrors(err))
+	}
+	logTiming(t, "pod restore (CreateContainer + StartContainer) "+name, start)
+	return newCounter(cri.RootfsPath(id))
+}
+
+// waitCRIImage waits until the CRI plugin lists image ref, which it learns of from containerd's
+// events.
+func waitCRIImage(t *testing.T, cri *harness.CRI, ref string) {
+	t.Helper()
+	for range 200 {
+		st, err := cri.Images.ImageStatus(context.Background(), &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetImage() != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("CRI does not list %s 10s after its export", ref)
+}
+
