@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/platforms"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cklite/cklite/integration/harness"
@@ -42,6 +45,8 @@ func TestCRIRestore(t *testing.T) {
 	nerdctl(t, d, "-n", harness.CRINamespace, "push", "--quiet", ref)
 	logTiming(t, "nerdctl push of the checkpoint image", start)
 	waitCRIImage(t, cri, ref)
+	blob := criuBlob(t, d, ref)
+	clearCache(t, blob)
 
 	t.Run("same containerd", func(t *testing.T) {
 		for _, name := range []string{"restored", "fork"} {
@@ -72,6 +77,9 @@ func TestCRIRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 		logTiming(t, "CRI PullImage of the checkpoint image, fresh containerd", start)
+		// The archive alone cannot be exported here: the files are in the source's frozen layers.
+		ckliteFails(t, d2, "frozen layer", "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref+"-again", archive)
+		clearCache(t, blob) // this node's shim extracts its own copy
 		rc := restorePod(t, cri2, "migrated", harness.HandlerCklite, ref)
 		expectRolledBack(t, rc, at, "cri")
 	})
@@ -102,6 +110,21 @@ func restorePod(t *testing.T, cri *harness.CRI, name, handler, ref string) count
 	return newCounter(cri.RootfsPath(id))
 }
 
+// criuBlob is the CRIU image blob of checkpoint image ref in d's CRI namespace.
+func criuBlob(t *testing.T, d *harness.Daemon, ref string) ocispec.Descriptor {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), harness.CRINamespace)
+	img, err := d.Client().ImageService().Get(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob, err := ckimage.Find(ctx, d.Client().ContentStore(), ref, img.Target, platforms.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blob
+}
+
 // waitCRIImage waits until the CRI plugin lists image ref, which it learns of from containerd's
 // events.
 func waitCRIImage(t *testing.T, cri *harness.CRI, ref string) {
@@ -118,4 +141,3 @@ func waitCRIImage(t *testing.T, cri *harness.CRI, ref string) {
 	}
 	t.Fatalf("CRI does not list %s 10s after its export", ref)
 }
-

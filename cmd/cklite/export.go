@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/images/archive"
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 
@@ -125,12 +126,25 @@ func (e *exporter) source(ctx context.Context, arg string) (source, error) {
 
 // export writes the checkpoint image of src and names it ref.
 func (e *exporter) export(ctx context.Context, src source, ref string) (images.Image, error) {
+	sn := e.ctrd.SnapshotService(src.meta.Snapshotter)
+	chain, parent, err := e.chain(ctx, sn, src.meta)
+	if err != nil {
+		return images.Image{}, err
+	}
 	base, err := e.baseImage(ctx, src)
 	if err != nil {
 		return images.Image{}, err
 	}
-	fmt.Fprintf(e.progress, "checkpoint %s of container %s on image %s\n", src.meta.ID, src.meta.Container, base.Name)
-	deltas, err := e.deltas(ctx, src, base)
+	top, err := ckimage.BaseChainID(ctx, e.ctrd.ContentStore(), base, platforms.Default())
+	if err != nil {
+		return images.Image{}, err
+	}
+	if parent != top.String() {
+		return images.Image{}, fmt.Errorf("the frozen layers of checkpoint %s are stacked on snapshot %q, not on the layers of image %s (%s): name the container's image with --base: %w",
+			src.meta.ID, parent, base.Name, top, errdefs.ErrFailedPrecondition)
+	}
+	fmt.Fprintf(e.progress, "checkpoint %s of container %s: %d frozen layer(s) on image %s\n", src.meta.ID, src.meta.Container, len(chain), base.Name)
+	deltas, err := ckimage.Deltas(ctx, sn, e.ctrd.DiffService(), e.ctrd.ContentStore(), parent, chain, e.progress)
 	if err != nil {
 		return images.Image{}, err
 	}
@@ -175,35 +189,20 @@ func (e *exporter) baseImage(ctx context.Context, src source) (images.Image, err
 	return img, nil
 }
 
-// deltas are the layers of the checkpoint's filesystem over base: its chain of frozen layers
-// when this host has it, else the rw diff of a CRI archive.
-func (e *exporter) deltas(ctx context.Context, src source, base images.Image) ([]ckimage.Layer, error) {
-	sn := e.ctrd.SnapshotService(src.meta.Snapshotter)
-	_, err := sn.Stat(ctx, src.meta.Frozen)
-	if errdefs.IsNotFound(err) && src.archive != nil {
-		fmt.Fprintf(e.progress, "frozen layer %s is not here: the archive's rootfs-diff.tar is the one delta\n", src.meta.Frozen)
-		l, err := src.archive.RootfsDiffLayer(ctx, e.ctrd.ContentStore())
-		if err != nil {
-			return nil, err
-		}
-		return []ckimage.Layer{l}, nil
+// chain returns the frozen layers holding the checkpoint's filesystem, bottom first, and the
+// snapshot they are stacked on. Only the host that took the checkpoint has them: a cklite
+// checkpoint's rootfs-diff.tar in a CRI archive is empty (the rw layer was frozen before
+// containerd diffed it), so nothing else holds its files.
+func (e *exporter) chain(ctx context.Context, sn snapshots.Snapshotter, meta checkpoint.Meta) ([]string, string, error) {
+	_, err := sn.Stat(ctx, meta.Frozen)
+	if errdefs.IsNotFound(err) && meta.Host != checkpoint.MachineID() {
+		return nil, "", fmt.Errorf("checkpoint %s was taken on another host (machine id %s): its files are in frozen layer %s there; export it on that host: %w",
+			meta.ID, meta.Host, meta.Frozen, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("frozen layer %s of checkpoint %s: %w", src.meta.Frozen, src.meta.ID, err)
+		return nil, "", fmt.Errorf("frozen layer %s of checkpoint %s: %w", meta.Frozen, meta.ID, err)
 	}
-	chain, parent, err := ckimage.Chain(ctx, sn, src.meta.Frozen)
-	if err != nil {
-		return nil, err
-	}
-	top, err := ckimage.BaseChainID(ctx, e.ctrd.ContentStore(), base, platforms.Default())
-	if err != nil {
-		return nil, err
-	}
-	if parent != top.String() {
-		return nil, fmt.Errorf("the frozen layers of checkpoint %s are stacked on snapshot %q, not on the layers of image %s (%s): name the container's image with --base: %w",
-			src.meta.ID, parent, base.Name, top, errdefs.ErrFailedPrecondition)
-	}
-	return ckimage.Deltas(ctx, sn, e.ctrd.DiffService(), e.ctrd.ContentStore(), parent, chain, e.progress)
+	return ckimage.Chain(ctx, sn, meta.Frozen)
 }
 
 // exportArchive writes image name as an OCI archive to path.

@@ -1,19 +1,12 @@
 package ckimage
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
-	"github.com/containerd/containerd/v2/core/content"
-	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
-	digest "github.com/opencontainers/go-digest"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // Archive is a checkpoint archive as the CRI's CheckpointContainer writes it (the kubelet's
@@ -34,9 +27,6 @@ type ArchiveConfig struct {
 
 // CRIUDir is the archive's CRIU image directory.
 func (a Archive) CRIUDir() string { return filepath.Join(a.Dir, "checkpoint") }
-
-// rootfsDiff is the container's rw layer at the checkpoint, the blob containerd made of it.
-func (a Archive) rootfsDiff() string { return filepath.Join(a.Dir, "rootfs-diff.tar") }
 
 // OpenArchive unpacks the archive at path into a new directory under tmpRoot (removed by the
 // caller) and reads its config.dump.
@@ -64,50 +54,4 @@ func OpenArchive(path, tmpRoot string) (Archive, error) {
 		return Archive{}, fmt.Errorf("checkpoint archive %s has no readable config.dump (not a CRI checkpoint?): %w: %w", path, err, errdefs.ErrInvalidArgument)
 	}
 	return a, nil
-}
-
-// RootfsDiffLayer stores the archive's rootfs-diff.tar as one delta layer, for a checkpoint whose
-// frozen chain is not on this host: it holds the container's rw layer as containerd diffed it.
-func (a Archive) RootfsDiffLayer(ctx context.Context, cs content.Store) (Layer, error) {
-	f, err := os.Open(a.rootfsDiff())
-	if errors.Is(err, os.ErrNotExist) {
-		return Layer{}, fmt.Errorf("checkpoint archive has no rootfs-diff.tar and its frozen layers are not on this host: %w", errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return Layer{}, err
-	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return Layer{}, err
-	}
-	// The blob's digest and the digest of what it decompresses to, in one read.
-	blob := digest.Canonical.Digester()
-	tee := io.TeeReader(f, blob.Hash())
-	plain, err := compression.DecompressStream(tee)
-	if err != nil {
-		return Layer{}, fmt.Errorf("rootfs-diff.tar: %w", err)
-	}
-	diffID := digest.Canonical.Digester()
-	_, err = io.Copy(diffID.Hash(), plain)
-	compressed := plain.GetCompression()
-	plain.Close()
-	if err == nil {
-		_, err = io.Copy(io.Discard, tee) // what the decompressor left unread
-	}
-	if err != nil {
-		return Layer{}, fmt.Errorf("rootfs-diff.tar: %w", err)
-	}
-	mediaType := ocispec.MediaTypeImageLayerGzip
-	if compressed == compression.Uncompressed {
-		mediaType = ocispec.MediaTypeImageLayer
-	}
-	desc := ocispec.Descriptor{MediaType: mediaType, Digest: blob.Digest(), Size: info.Size()}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return Layer{}, err
-	}
-	if err := content.WriteBlob(ctx, cs, "cklite-"+desc.Digest.Encoded(), f, desc); err != nil {
-		return Layer{}, fmt.Errorf("store rootfs-diff.tar: %w", err)
-	}
-	return Layer{Desc: desc, DiffID: diffID.Digest()}, nil
 }

@@ -7,8 +7,9 @@
 //     holds that image stores nothing again);
 //   - one layer per frozen layer of the checkpoint's chain, bottom first: each the diff of that
 //     frozen layer against its parent, so a checkpoint stacked on an exported one adds only its
-//     own delta (a checkpoint without its chain, such as a kubelet archive from another node,
-//     brings its rw diff as the one delta);
+//     own delta. The chain exists only on the host that took the checkpoint, so that is where a
+//     checkpoint is exported (a CRI archive's rootfs-diff.tar holds nothing for a cklite
+//     checkpoint: the rw layer is frozen before containerd diffs it);
 //   - one blob of MediaTypeCheckpoint: an uncompressed tar of the CRIU image directory,
 //     cklite.json included. It is not a layer type, so containerd's unpacker fetches it but
 //     never applies it, and the config's rootfs.diff_ids list only the real layers.
