@@ -114,6 +114,19 @@ func TestCheckpointImage(t *testing.T) {
 			t.Fatalf("the archive holds manifest %s, the exported image is %s", imported.Target().Digest, img.Target().Digest)
 		}
 		expectRolledBack(t, other.restoreFromImage(t, "imported", imported), at, "ck2")
+
+		// ctr's default spec is the Go client's: the same mounts as the checkpointed container.
+		start = time.Now()
+		ctr(t, other.d, "run", "-d", "--fifo-dir", other.d.FIFODir(), "--runtime", harness.CkliteRuntime, "--snapshotter", ckliteSnapshotter, ref, "ctr-run")
+		logTiming(t, "ctr run -d of the checkpoint image", start)
+		expectRolledBack(t, newCounter(other.d.RootfsPath("ctr-run")), at, "ck2")
+
+		// nerdctl adds bind mounts the checkpointed container did not have (/etc/hosts,
+		// /etc/resolv.conf, /etc/hostname): CRIU restores the mounts it dumped and ignores them.
+		start = time.Now()
+		id := strings.TrimSpace(nerdctl(t, other.d, "run", "-d", "--runtime", harness.CkliteRuntime, "--snapshotter", ckliteSnapshotter, "--net", "none", ref))
+		logTiming(t, "nerdctl run -d of the checkpoint image", start)
+		expectRolledBack(t, newCounter(other.d.RootfsPath(id)), at, "ck2")
 	})
 
 	t.Run("foreign image", func(t *testing.T) {
