@@ -18,6 +18,10 @@ import (
 	"github.com/cklite/cklite/pkg/ckimage"
 )
 
+// imageCacheTTL is how long an extracted checkpoint image stays in the cache after its last use
+// (a Create from it). A restore reads it at Start: a Create left unstarted for longer fails.
+const imageCacheTTL = 24 * time.Hour
+
 // imageCheckpoint returns the CRIU image directory of the checkpoint image container id was made
 // from (its entrypoint is ckimage.Marker): the image's CRIU blob, extracted once into the shared
 // cache. Its rootfs, prepared by the client from the image's layers, is already the checkpoint's
@@ -53,5 +57,8 @@ func (s *service) imageCheckpoint(ctx context.Context, ns, id string) (string, e
 		return "", fmt.Errorf("checkpoint image %s: %w", name, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"image": name, "dir": dir, "took": time.Since(start)}).Info("restoring from a checkpoint image")
+	if err := ckimage.PruneCache(ckimage.DefaultCacheDir, imageCacheTTL); err != nil {
+		log.G(ctx).WithError(err).Warn("prune the checkpoint image cache")
+	}
 	return dir, nil
 }

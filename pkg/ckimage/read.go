@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
@@ -39,12 +40,15 @@ func Find(ctx context.Context, cs content.Provider, name string, target ocispec.
 }
 
 // Extract unpacks the CRIU image blob desc into cache/<digest> unless it is there already, and
-// returns that directory. The blob is verified against its digest and must hold a cklite
-// checkpoint with complete memory images; the directory appears whole or not at all, so
-// containers created concurrently from one image share one copy.
+// returns that directory, its modification time set to now (its last use, for PruneCache). The
+// blob is verified against its digest and must hold a cklite checkpoint with complete memory
+// images; the directory appears whole or not at all, so containers created concurrently from one
+// image share one copy.
 func Extract(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, cache string) (string, error) {
 	dir := filepath.Join(cache, desc.Digest.Encoded())
-	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil {
+	now := time.Now()
+	// A copy pruned between the two calls is extracted again.
+	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil && os.Chtimes(dir, now, now) == nil {
 		return dir, nil
 	}
 	if err := os.MkdirAll(cache, 0o700); err != nil {
@@ -72,6 +76,29 @@ func Extract(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.De
 		return "", fmt.Errorf("checkpoint image cache: %w", err)
 	}
 	return dir, nil
+}
+
+// PruneCache removes the extracted copies in cache last used more than maxAge ago, and what
+// extractions that died left behind.
+func PruneCache(cache string, maxAge time.Duration) error {
+	entries, err := os.ReadDir(cache)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil || time.Since(info.ModTime()) < maxAge {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(cache, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir string) error {

@@ -1,0 +1,273 @@
+package ckimage
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/plugins/content/local"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/platforms"
+	digest "github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+)
+
+// criuDir writes a minimal CRIU image directory of checkpoint id.
+func criuDir(t *testing.T, id string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "inventory.img"), []byte("inventory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	meta := checkpoint.Meta{ID: id, Contents: checkpoint.MemoryAndFS, Snapshotter: "cklite", Frozen: checkpoint.FrozenName(id), Created: time.Now()}
+	if err := checkpoint.Write(dir, meta); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// newStore is a local content store in root that keeps labels, as containerd's does.
+func newStore(t *testing.T, root string) content.Store {
+	t.Helper()
+	cs, err := local.NewLabeledStore(root, labelStore{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+type labelStore map[digest.Digest]map[string]string
+
+func (s labelStore) Get(d digest.Digest) (map[string]string, error) { return s[d], nil }
+
+func (s labelStore) Set(d digest.Digest, l map[string]string) error {
+	s[d] = l
+	return nil
+}
+
+func (s labelStore) Update(d digest.Digest, l map[string]string) (map[string]string, error) {
+	if s[d] == nil {
+		s[d] = map[string]string{}
+	}
+	for k, v := range l {
+		s[d][k] = v
+	}
+	return s[d], nil
+}
+
+// baseImage stores a one-layer image with an entrypoint and cmd in cs.
+func baseImage(t *testing.T, ctx context.Context, cs content.Store) images.Image {
+	t.Helper()
+	layer := []byte("not really a tar")
+	layerDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: digest.FromBytes(layer), Size: int64(len(layer))}
+	if err := content.WriteBlob(ctx, cs, "layer", bytes.NewReader(layer), layerDesc); err != nil {
+		t.Fatal(err)
+	}
+	cfg := ocispec.Image{
+		Platform: platforms.DefaultSpec(),
+		Config:   ocispec.ImageConfig{Entrypoint: []string{"/bin/sh"}, Cmd: []string{"-c", "true"}, Labels: map[string]string{"kept": "yes"}},
+		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{layerDesc.Digest}},
+	}
+	cfgDesc, err := writeJSON(ctx, cs, ocispec.MediaTypeImageConfig, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest, Config: cfgDesc, Layers: []ocispec.Descriptor{layerDesc}}
+	mDesc, err := writeJSON(ctx, cs, ocispec.MediaTypeImageManifest, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return images.Image{Name: "base:latest", Target: mDesc}
+}
+
+func TestWriteFindExtract(t *testing.T) {
+	ctx := context.Background()
+	cs := newStore(t, t.TempDir())
+	base := baseImage(t, ctx, cs)
+	delta := []byte("delta layer")
+	deltaDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayerGzip, Digest: digest.FromBytes(delta), Size: int64(len(delta))}
+	if err := content.WriteBlob(ctx, cs, "delta", bytes.NewReader(delta), deltaDesc); err != nil {
+		t.Fatal(err)
+	}
+	diffID := digest.FromString("uncompressed delta")
+	src := criuDir(t, "abc")
+	spec := Spec{Base: base, Deltas: []Layer{{Desc: deltaDesc, DiffID: diffID}}, CRIUDir: src, Meta: checkpoint.Meta{ID: "abc"}}
+	target, err := Write(ctx, cs, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	m, err := images.Manifest(ctx, cs, target, platforms.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Layers) != 3 || m.Layers[1].Digest != deltaDesc.Digest || m.Layers[2].MediaType != MediaTypeCheckpoint {
+		t.Fatalf("manifest layers %+v: want base, delta, CRIU images", m.Layers)
+	}
+	info, err := cs.Info(ctx, target.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range m.Layers {
+		if k := "containerd.io/gc.ref.content.l." + strconv.Itoa(i); info.Labels[k] != l.Digest.String() {
+			t.Errorf("manifest label %s = %q, want %s: the collector would free the blob", k, info.Labels[k], l.Digest)
+		}
+	}
+	var cfg ocispec.Image
+	data, err := content.ReadBlob(ctx, cs, m.Config)
+	if err == nil {
+		err = json.Unmarshal(data, &cfg)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.Config
+	if !IsMarker(c.Entrypoint) || len(c.Cmd) != 0 || c.Labels[LabelEntrypoint] != `["/bin/sh"]` || c.Labels[LabelCmd] != `["-c","true"]` ||
+		c.Labels[LabelCheckpoint] != "abc" || c.Labels[LabelBase] != "base:latest" || c.Labels["kept"] != "yes" {
+		t.Errorf("config %+v: want the marker entrypoint, no cmd, the originals and the checkpoint in labels", c)
+	}
+	if len(cfg.RootFS.DiffIDs) != 2 || cfg.RootFS.DiffIDs[1] != diffID || len(cfg.History) != 1 {
+		t.Errorf("rootfs %+v, history %d: want the base's diff id and the delta's, one history entry", cfg.RootFS, len(cfg.History))
+	}
+
+	blob, err := Find(ctx, cs, "ck", target, platforms.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Write(ctx, cs, spec); err != nil || again.Digest == "" {
+		t.Fatalf("writing the image again: %v", err)
+	}
+	cache := t.TempDir()
+	var wg sync.WaitGroup
+	dirs := make([]string, 8)
+	errs := make([]error, 8)
+	for i := range dirs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dirs[i], errs[i] = Extract(ctx, cs, blob, cache)
+		}()
+	}
+	wg.Wait()
+	for i := range dirs {
+		if errs[i] != nil || dirs[i] != filepath.Join(cache, blob.Digest.Encoded()) {
+			t.Fatalf("concurrent extract %d: %q, %v", i, dirs[i], errs[i])
+		}
+	}
+	if m, err := checkpoint.Read(dirs[0]); err != nil || m.ID != "abc" {
+		t.Fatalf("extracted metadata %+v, %v", m, err)
+	}
+	if entries, _ := os.ReadDir(cache); len(entries) != 1 {
+		t.Fatalf("the cache holds %d entries after concurrent extracts, want 1", len(entries))
+	}
+
+	if _, err := Find(ctx, cs, "base", base.Target, platforms.Default()); !errdefs.IsNotFound(err) {
+		t.Errorf("Find in a plain image: %v, want NotFound", err)
+	}
+}
+
+func TestExtractBad(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		files map[string]string // tar entries; "" name: none
+		// damage changes the blob's descriptor or, stored in root, the blob.
+		damage func(d *ocispec.Descriptor, root string) error
+		want   string
+	}{
+		{name: "not cklite", files: map[string]string{"inventory.img": "x"}, want: "not a cklite checkpoint"},
+		{name: "missing", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, _ string) error {
+			d.Digest = digest.FromString("other")
+			return nil
+		}, want: "not in the content store"},
+		{name: "corrupt", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, root string) error {
+			path := filepath.Join(root, "blobs", "sha256", d.Digest.Encoded())
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			data[512] ^= 1 // the file's contents, after its header: only the digest can tell
+			return os.WriteFile(path, data, 0o644)
+		}, want: "does not match its digest"},
+		{name: "truncated", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, root string) error {
+			return os.Truncate(filepath.Join(root, "blobs", "sha256", d.Digest.Encoded()), d.Size/3)
+		}, want: "are corrupt"},
+		{name: "escape", files: map[string]string{"../evil": "x"}, want: "leaves the directory"},
+		{name: "absolute", files: map[string]string{"/evil": "x"}, want: "leaves the directory"},
+		{name: "no inventory", files: map[string]string{checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}, want: "not a CRIU image directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			cs := newStore(t, root)
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			for name, data := range tc.files {
+				if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tw.Write([]byte(data)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tw.Close(); err != nil {
+				t.Fatal(err)
+			}
+			desc := ocispec.Descriptor{MediaType: MediaTypeCheckpoint, Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
+			if err := content.WriteBlob(ctx, cs, "blob", bytes.NewReader(buf.Bytes()), desc); err != nil {
+				t.Fatal(err)
+			}
+			if tc.damage != nil {
+				if err := tc.damage(&desc, root); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cache := t.TempDir()
+			_, err := Extract(ctx, cs, desc, cache)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Extract: %v, want an error saying %q", err, tc.want)
+			}
+			if entries, _ := os.ReadDir(cache); len(entries) != 0 {
+				t.Errorf("a failed extract left %d entries in the cache", len(entries))
+			}
+		})
+	}
+}
+
+func TestPruneCache(t *testing.T) {
+	cache := t.TempDir()
+	old, fresh := filepath.Join(cache, "old"), filepath.Join(cache, "fresh")
+	for _, d := range []string{old, fresh} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	if err := PruneCache(cache, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("an entry unused for 2h is still there (%v)", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("a fresh entry was pruned: %v", err)
+	}
+	if err := PruneCache(filepath.Join(cache, "none"), time.Hour); err != nil {
+		t.Errorf("pruning a missing cache: %v", err)
+	}
+}
