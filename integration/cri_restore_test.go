@@ -2,12 +2,15 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/platforms"
+	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -22,11 +25,26 @@ import (
 // same containerd (twice: a fork) and on a second containerd that only pulls the image through
 // CRI. With the runc handler the container must fail to start naming the missing runtime.
 func TestCRIRestore(t *testing.T) {
+	for _, mb := range []int{0, 200} {
+		t.Run(fmt.Sprintf("%dMB", mb), func(t *testing.T) { testCRIRestore(t, mb) })
+	}
+}
+
+// testCRIRestore is TestCRIRestore with mb of random data written into the container's rootfs
+// before the checkpoint.
+func testCRIRestore(t *testing.T, mb int) {
 	d, cri := startCRI(t)
 	ctx := context.Background()
 	_, id := runCounterPod(t, cri, "ck-source", harness.HandlerCklite)
 	c := newCounter(cri.RootfsPath(id))
 	writeMarks(t, c.Rootfs, "cri")
+	var data string
+	if mb > 0 {
+		if _, err := cri.Exec(ctx, id, "dd", "if=/dev/urandom", "of=/tmp/data", "bs=1M", fmt.Sprintf("count=%d", mb)); err != nil {
+			t.Fatal(err)
+		}
+		data = fileDigest(t, c.Rootfs)
+	}
 	at := c.advance(t, 5)
 	archive := filepath.Join(d.Dir, "source.tar")
 	start := time.Now()
@@ -47,11 +65,19 @@ func TestCRIRestore(t *testing.T) {
 	waitCRIImage(t, cri, ref)
 	blob := criuBlob(t, d, ref)
 	clearCache(t, blob)
+	expectRestored := func(t *testing.T, rc counter) {
+		t.Helper()
+		if mb > 0 {
+			if got := fileDigest(t, rc.Rootfs); got != data {
+				t.Fatalf("/tmp/data of the restored pod has digest %s, the checkpointed one %s", got, data)
+			}
+		}
+		expectRolledBack(t, rc, at, "cri")
+	}
 
 	t.Run("same containerd", func(t *testing.T) {
 		for _, name := range []string{"restored", "fork"} {
-			rc := restorePod(t, cri, name, harness.HandlerCklite, ref)
-			expectRolledBack(t, rc, at, "cri")
+			expectRestored(t, restorePod(t, cri, name, harness.HandlerCklite, ref))
 		}
 	})
 
@@ -77,12 +103,26 @@ func TestCRIRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 		logTiming(t, "CRI PullImage of the checkpoint image, fresh containerd", start)
+		clearCache(t, blob) // this node's shim extracts its own copy
 		// The archive alone cannot be exported here: the files are in the source's frozen layers.
 		ckliteFails(t, d2, "frozen layer", "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref+"-again", archive)
-		clearCache(t, blob) // this node's shim extracts its own copy
-		rc := restorePod(t, cri2, "migrated", harness.HandlerCklite, ref)
-		expectRolledBack(t, rc, at, "cri")
+		expectRestored(t, restorePod(t, cri2, "migrated", harness.HandlerCklite, ref))
 	})
+}
+
+// fileDigest is the digest of /tmp/data below rootfs.
+func fileDigest(t *testing.T, rootfs string) string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(rootfs, "tmp", "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d, err := digest.FromReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.String()
 }
 
 // restorePod runs a pod named name with handler whose one container is the checkpoint image ref

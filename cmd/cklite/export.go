@@ -23,6 +23,7 @@ import (
 func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	ref := fs.String("ref", "", "`REF`: name of the checkpoint image in containerd (push it with nerdctl push or ctr images push)")
 	out := fs.String("o", "", "`FILE`: also write the image as an OCI archive (cklite checkpoint import, ctr images import)")
+	compression := fs.String("compression", "zstd", "`KIND` of the delta layers: zstd (fast), gzip (any client) or none")
 	base := fs.String("base", "", "`IMAGE` the checkpointed container ran; default: the container's image, or the archive's")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) != 1 {
@@ -30,6 +31,10 @@ func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		}
 		if *ref == "" {
 			return fmt.Errorf("--ref names the image to write: %w", errdefs.ErrInvalidArgument)
+		}
+		mediaType, err := ckimage.LayerMediaType(*compression)
+		if err != nil {
+			return err
 		}
 		ctrd, ctx, err := cli.connect(ctx)
 		if err != nil {
@@ -41,7 +46,7 @@ func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 			return err
 		}
 		defer done(context.WithoutCancel(ctx)) //nolint:errcheck
-		e := &exporter{ctrd: ctrd, namespace: cli.namespace, progress: cli.stderr, base: *base}
+		e := &exporter{ctrd: ctrd, namespace: cli.namespace, progress: cli.stderr, base: *base, mediaType: mediaType}
 		src, err := e.source(ctx, args[0])
 		if err != nil {
 			return err
@@ -69,6 +74,7 @@ type exporter struct {
 	namespace string
 	progress  io.Writer
 	base      string // --base
+	mediaType string // of the delta layers
 }
 
 // source is a checkpoint to export: its CRIU image directory and, for a CRI archive, the
@@ -144,7 +150,7 @@ func (e *exporter) export(ctx context.Context, src source, ref string) (images.I
 			src.meta.ID, parent, base.Name, top, errdefs.ErrFailedPrecondition)
 	}
 	fmt.Fprintf(e.progress, "checkpoint %s of container %s: %d frozen layer(s) on image %s\n", src.meta.ID, src.meta.Container, len(chain), base.Name)
-	deltas, err := ckimage.Deltas(ctx, sn, e.ctrd.DiffService(), e.ctrd.ContentStore(), parent, chain, e.progress)
+	deltas, err := ckimage.Deltas(ctx, sn, e.ctrd.DiffService(), e.ctrd.ContentStore(), e.mediaType, parent, chain, e.progress)
 	if err != nil {
 		return images.Image{}, err
 	}

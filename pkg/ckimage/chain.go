@@ -54,14 +54,14 @@ func BaseChainID(ctx context.Context, cs content.Provider, base images.Image, pl
 }
 
 // Deltas diffs each layer of chain against the one below it (the first against base) with the
-// differ d and returns the layers, gzip-compressed, in the content store of d. Progress lines go
-// to progress.
-func Deltas(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs content.Store, base string, chain []string, progress io.Writer) ([]Layer, error) {
+// differ d and returns the layers, of layer media type mediaType, in the content store cs of d.
+// Progress lines go to progress.
+func Deltas(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs content.Store, mediaType, base string, chain []string, progress io.Writer) ([]Layer, error) {
 	var layers []Layer
 	parent := base
 	for i, name := range chain {
 		start := time.Now()
-		l, err := delta(ctx, sn, d, cs, parent, name)
+		l, err := delta(ctx, sn, d, cs, mediaType, parent, name)
 		if err != nil {
 			return nil, err
 		}
@@ -72,7 +72,7 @@ func Deltas(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs c
 	return layers, nil
 }
 
-func delta(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs content.Store, parent, name string) (_ Layer, retErr error) {
+func delta(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs content.Store, mediaType, parent, name string) (_ Layer, retErr error) {
 	upper, err := view(ctx, sn, name)
 	if err != nil {
 		return Layer{}, err
@@ -85,7 +85,7 @@ func delta(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs co
 		}
 		defer lower.remove(ctx, &retErr)
 	}
-	desc, err := d.Compare(ctx, lower.mounts, upper.mounts, diff.WithMediaType(ocispec.MediaTypeImageLayerGzip))
+	desc, err := d.Compare(ctx, lower.mounts, upper.mounts, diff.WithMediaType(mediaType))
 	if err != nil {
 		return Layer{}, fmt.Errorf("diff frozen layer %s against %s: %w", name, parent, err)
 	}
@@ -94,6 +94,19 @@ func delta(ctx context.Context, sn snapshots.Snapshotter, d diff.Comparer, cs co
 		return Layer{}, fmt.Errorf("diff of %s: %w", name, err)
 	}
 	return Layer{Desc: desc, DiffID: diffID}, nil
+}
+
+// LayerMediaType is the layer media type of compression "zstd", "gzip" or "none".
+func LayerMediaType(compression string) (string, error) {
+	switch compression {
+	case "zstd":
+		return ocispec.MediaTypeImageLayerZstd, nil
+	case "gzip":
+		return ocispec.MediaTypeImageLayerGzip, nil
+	case "none":
+		return ocispec.MediaTypeImageLayer, nil
+	}
+	return "", fmt.Errorf("compression %q: want zstd, gzip or none: %w", compression, errdefs.ErrInvalidArgument)
 }
 
 // viewed is a read-only view of a committed snapshot, for the differ.
