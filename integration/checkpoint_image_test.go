@@ -33,14 +33,14 @@ func TestCheckpointImage(t *testing.T) {
 	// Two checkpoints, the second on the first: a chain of two frozen layers.
 	_, m1, _ := e.markedCheckpoint(t, task, c, "ck1")
 	changeMarks(t, c.Rootfs, "ck1")
-	dir, m2, at := e.markedCheckpoint(t, task, c, "ck2")
+	_, m2, at := e.markedCheckpoint(t, task, c, "ck2")
 	changeMarks(t, c.Rootfs, "ck2")
 	e.expectParent(t, m2, m1)
 
 	ref := registry.Addr + "/cklite/checkpoint:" + m2.ID
 	archive := filepath.Join(e.d.Dir, "checkpoint.tar")
 	start := time.Now()
-	cklite(t, e.d, "checkpoint", "export", "--ref", ref, "-o", archive, dir)
+	cklite(t, e.d, "checkpoint", "export", "--ref", ref, "-o", archive, m2.ID)
 	logTiming(t, "cklite checkpoint export (2 frozen layers, + OCI archive)", start)
 	img, blob := e.expectCheckpointImage(t, ref, 2)
 	start = time.Now()
@@ -127,6 +127,17 @@ func TestCheckpointImage(t *testing.T) {
 		id := strings.TrimSpace(nerdctl(t, other.d, "run", "-d", "--runtime", harness.CkliteRuntime, "--snapshotter", ckliteSnapshotter, "--net", "none", ref))
 		logTiming(t, "nerdctl run -d of the checkpoint image", start)
 		expectRolledBack(t, newCounter(other.d.RootfsPath(id)), at, "ck2")
+	})
+
+	t.Run("ctr checkpoint image", func(t *testing.T) {
+		writeMarks(t, c.Rootfs, "ck3")
+		at3 := c.advance(t, 3)
+		mustCtr(t, e.d, "containers", "checkpoint", "--task", "original", "checkpoint/original:ck3")
+		ref3 := registry.Addr + "/cklite/checkpoint:ctr-" + randomTag()
+		cklite(t, e.d, "checkpoint", "export", "--ref", ref3, "checkpoint/original:ck3")
+		img3, _ := e.expectCheckpointImage(t, ref3, 3)
+		unpack(t, e, img3)
+		expectRolledBack(t, e.restoreFromImage(t, "from-ctr", img3), at3, "ck3")
 	})
 
 	t.Run("foreign image", func(t *testing.T) {
@@ -218,6 +229,11 @@ func (e *ckEnv) restoreFromImage(t *testing.T, id string, img client.Image) coun
 	if _, err := e.restore(rc, nil); err != nil {
 		t.Fatalf("restoring %s from checkpoint image %s: %v%s", id, img.Name(), err, criuErrors(err))
 	}
+	blob, err := ckimage.Find(e.ctx, e.d.Client().ContentStore(), img.Name(), img.Target(), platforms.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(ckimage.DefaultCacheDir, blob.Digest.Encoded())) })
 	return newCounter(e.d.RootfsPath(id))
 }
 

@@ -83,51 +83,76 @@ type source struct {
 	criuDir string
 	meta    checkpoint.Meta
 	archive *ckimage.Archive
+	tmp     string // removed by close
 }
 
 func (s source) close() {
-	if s.archive != nil {
-		os.RemoveAll(s.archive.Dir)
+	if s.tmp != "" {
+		os.RemoveAll(s.tmp)
 	}
 }
 
-// source finds what arg names: a CRI checkpoint archive, a CRIU image directory, or a
-// checkpoint id whose image directory is known.
-func (e *exporter) source(ctx context.Context, arg string) (source, error) {
-	var src source
+// source finds what arg names: a CRI checkpoint archive, a CRIU image directory, a containerd
+// checkpoint image (ctr containers checkpoint), or a checkpoint id whose image directory is
+// known.
+func (e *exporter) source(ctx context.Context, arg string) (src source, retErr error) {
+	defer func() {
+		if retErr != nil {
+			src.close()
+		}
+	}()
 	info, err := os.Stat(arg)
 	switch {
 	case err == nil && info.Mode().IsRegular():
 		a, err := ckimage.OpenArchive(arg, os.TempDir())
 		if err != nil {
-			return source{}, err
+			return src, err
 		}
-		src.archive, src.criuDir = &a, a.CRIUDir()
+		src.archive, src.criuDir, src.tmp = &a, a.CRIUDir(), a.Dir
 	case err == nil && info.IsDir():
 		src.criuDir = arg
 	default:
-		recs, err := checkpoint.List(ctx, e.ctrd.LeasesService(), e.namespace)
-		if err != nil {
-			return source{}, err
+		var tmp bool
+		if src.criuDir, tmp, err = e.checkpointDir(ctx, arg); err != nil {
+			return src, err
 		}
-		n, err := checkpoint.NewTree(recs).Lookup(arg)
-		if err != nil {
-			return source{}, err
+		if tmp {
+			src.tmp = src.criuDir
 		}
-		if n.ImagePath == "" {
-			return source{}, fmt.Errorf("checkpoint %s was written into a checkpoint image, not a directory this command can read: export its image directory or its CRI archive: %w", n.ID, errdefs.ErrNotFound)
-		}
-		src.criuDir = n.ImagePath
 	}
 	if src.meta, err = checkpoint.Read(src.criuDir); err != nil {
-		src.close()
-		return source{}, err
+		return src, err
 	}
 	if !src.meta.Contents.HasMemory() || !src.meta.Contents.HasFS() {
-		src.close()
-		return source{}, fmt.Errorf("checkpoint %s holds %s: a checkpoint image needs both memory and filesystem: %w", src.meta.ID, src.meta.Contents, errdefs.ErrInvalidArgument)
+		return src, fmt.Errorf("checkpoint %s holds %s: a checkpoint image needs both memory and filesystem: %w", src.meta.ID, src.meta.Contents, errdefs.ErrInvalidArgument)
 	}
 	return src, nil
+}
+
+// checkpointDir returns the CRIU image directory of checkpoint id (or unique id prefix) name,
+// or the CRIU images of the containerd checkpoint image name extracted into a temporary
+// directory (tmp).
+func (e *exporter) checkpointDir(ctx context.Context, name string) (dir string, tmp bool, _ error) {
+	recs, err := checkpoint.List(ctx, e.ctrd.LeasesService(), e.namespace)
+	if err != nil {
+		return "", false, err
+	}
+	n, err := checkpoint.NewTree(recs).Lookup(name)
+	if err == nil {
+		if n.ImagePath == "" {
+			return "", false, fmt.Errorf("checkpoint %s was written into a checkpoint image: export that image by name: %w", n.ID, errdefs.ErrNotFound)
+		}
+		return n.ImagePath, false, nil
+	}
+	if !errdefs.IsNotFound(err) {
+		return "", false, err
+	}
+	img, ierr := e.ctrd.ImageService().Get(ctx, name)
+	if ierr != nil {
+		return "", false, fmt.Errorf("%q is no checkpoint archive, image directory, checkpoint id or checkpoint image: %w", name, errdefs.ErrNotFound)
+	}
+	dir, err = ckimage.OpenCheckpointImage(ctx, e.ctrd.ContentStore(), img.Name, img.Target, os.TempDir())
+	return dir, err == nil, err
 }
 
 // export writes the checkpoint image of src and names it ref.

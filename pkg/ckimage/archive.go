@@ -1,12 +1,18 @@
 package ckimage
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // Archive is a checkpoint archive as the CRI's CheckpointContainer writes it (the kubelet's
@@ -27,6 +33,47 @@ type ArchiveConfig struct {
 
 // CRIUDir is the archive's CRIU image directory.
 func (a Archive) CRIUDir() string { return filepath.Join(a.Dir, "checkpoint") }
+
+// OpenCheckpointImage unpacks the CRIU images of a containerd checkpoint image (what `ctr
+// containers checkpoint` and the Go client's Task.Checkpoint make: an index whose CRIU tar is
+// a blob of images.MediaTypeContainerd1Checkpoint) into a new directory under tmpRoot, removed by
+// the caller. An image that is no checkpoint is errdefs.ErrNotFound.
+func OpenCheckpointImage(ctx context.Context, cs content.Provider, name string, target ocispec.Descriptor, tmpRoot string) (string, error) {
+	if !images.IsIndexType(target.MediaType) {
+		return "", fmt.Errorf("image %s is not a containerd checkpoint image: %w", name, errdefs.ErrNotFound)
+	}
+	data, err := content.ReadBlob(ctx, cs, target)
+	if err != nil {
+		return "", fmt.Errorf("checkpoint image %s: %w", name, err)
+	}
+	var index ocispec.Index
+	if err := json.Unmarshal(data, &index); err != nil {
+		return "", fmt.Errorf("checkpoint image %s: %w", name, err)
+	}
+	i := slices.IndexFunc(index.Manifests, func(d ocispec.Descriptor) bool { return d.MediaType == images.MediaTypeContainerd1Checkpoint })
+	if i < 0 {
+		return "", fmt.Errorf("image %s holds no CRIU images: %w", name, errdefs.ErrNotFound)
+	}
+	ra, err := cs.ReaderAt(ctx, index.Manifests[i])
+	if err != nil {
+		return "", fmt.Errorf("CRIU images of checkpoint image %s: %w", name, err)
+	}
+	defer ra.Close()
+	r, err := compression.DecompressStream(content.NewReader(ra))
+	if err != nil {
+		return "", fmt.Errorf("CRIU images of checkpoint image %s: %w", name, err)
+	}
+	defer r.Close()
+	dir, err := os.MkdirTemp(tmpRoot, "cklite-criu-")
+	if err != nil {
+		return "", err
+	}
+	if err := untar(r, dir); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("CRIU images of checkpoint image %s: %w", name, err)
+	}
+	return dir, nil
+}
 
 // OpenArchive unpacks the archive at path into a new directory under tmpRoot (removed by the
 // caller) and reads its config.dump.
