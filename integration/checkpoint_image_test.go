@@ -53,6 +53,22 @@ func TestCheckpointImage(t *testing.T) {
 		rc := e.restoreFromImage(t, "same-node", img)
 		logTiming(t, "create + start from the checkpoint image, same containerd", start)
 		expectRolledBack(t, rc, at, "ck2")
+
+		// The restored container checkpoints and exports like any: a third delta on the image.
+		restored, err := e.d.Client().LoadContainer(e.ctx, "same-node")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rtask, err := restored.Task(e.ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, m4, at4 := e.markedCheckpoint(t, rtask, rc, "ck4")
+		ref4 := registry.Addr + "/cklite/checkpoint:" + m4.ID
+		cklite(t, e.d, "checkpoint", "export", "--ref", ref4, m4.ID)
+		img4, _ := e.expectCheckpointImage(t, ref4, 3)
+		unpack(t, e, img4)
+		expectRolledBack(t, e.restoreFromImage(t, "re-restored", img4), at4, "ck4")
 	})
 
 	t.Run("fork", func(t *testing.T) {

@@ -1,11 +1,13 @@
 // Command cklite says and does what containerd's own tools cannot about cklite checkpoints: the
-// tree of a namespace's checkpoints, their removal, and forking one into many containers.
+// tree of a namespace's checkpoints, their removal, forking one into many containers, and
+// packing one as an OCI image that restores wherever it is pulled (pkg/ckimage).
 // Checkpoints are taken and restored with the stock tools (ctr, nerdctl, the Go client, CRI).
 //
 //	cklite checkpoint ls                           # the tree, with sizes and expiry
 //	cklite checkpoint inspect 5661a3               # JSON; any unique id prefix
 //	cklite checkpoint rm --gc --image 5661a3       # free the layers now, remove the image directory
 //	cklite -n k8s.io fork -n 8 --log-dir /tmp/forks 5661a3
+//	cklite -n k8s.io checkpoint export --ref reg/app:ck1 ckpt.tar # the kubelet's archive → an image
 package main
 
 import (

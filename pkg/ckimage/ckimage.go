@@ -34,7 +34,7 @@ const (
 	LabelCheckpoint = "io.cklite.checkpoint"            // the checkpoint's id
 	LabelEntrypoint = "io.cklite.checkpoint.entrypoint" // the base config's entrypoint, JSON
 	LabelCmd        = "io.cklite.checkpoint.cmd"        // the base config's cmd, JSON
-	LabelBase       = "io.cklite.checkpoint.base"       // the image the container ran
+	LabelBase       = "io.cklite.checkpoint.base"       // the first image of the chain of checkpoints
 )
 
 // IsMarker reports whether a process's args are a checkpoint image's entrypoint.

@@ -147,6 +147,26 @@ func TestWriteFindExtract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+
+	// A checkpoint of a container restored from the image stacks on its layers, not its CRIU
+	// images, and keeps the original entrypoint.
+	next := Spec{Base: images.Image{Name: "ck", Target: target}, Deltas: spec.Deltas, CRIUDir: criuDir(t, "def"), Meta: checkpoint.Meta{ID: "def"}}
+	nextTarget, err := Write(ctx, cs, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nm, err := images.Manifest(ctx, cs, nextTarget, platforms.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ncfg ocispec.Image
+	if data, err := content.ReadBlob(ctx, cs, nm.Config); err != nil || json.Unmarshal(data, &ncfg) != nil {
+		t.Fatalf("config of the second image: %v", err)
+	}
+	if len(nm.Layers) != 4 || nm.Layers[2].MediaType == MediaTypeCheckpoint || len(ncfg.RootFS.DiffIDs) != 3 ||
+		ncfg.Config.Labels[LabelEntrypoint] != `["/bin/sh"]` || ncfg.Config.Labels[LabelCheckpoint] != "def" {
+		t.Fatalf("image on a checkpoint image: layers %+v, config %+v", nm.Layers, ncfg)
+	}
 	if again, err := Write(ctx, cs, spec); err != nil || again.Digest == "" {
 		t.Fatalf("writing the image again: %v", err)
 	}

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -59,8 +61,11 @@ func Write(ctx context.Context, cs content.Store, s Spec) (ocispec.Descriptor, e
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("config of base image %s: %w", s.Base.Name, err)
 	}
-	if len(cfg.RootFS.DiffIDs) != len(base.Layers) {
-		return ocispec.Descriptor{}, fmt.Errorf("base image %s has %d layers and %d diff ids: %w", s.Base.Name, len(base.Layers), len(cfg.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
+	// A checkpoint of a container restored from a checkpoint image stacks on that image: its
+	// layers, not its CRIU images.
+	baseLayers := slices.DeleteFunc(slices.Clone(base.Layers), func(d ocispec.Descriptor) bool { return d.MediaType == MediaTypeCheckpoint })
+	if len(cfg.RootFS.DiffIDs) != len(baseLayers) {
+		return ocispec.Descriptor{}, fmt.Errorf("base image %s has %d layers and %d diff ids: %w", s.Base.Name, len(baseLayers), len(cfg.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
 	}
 	criu, err := writeDirTar(ctx, cs, s.CRIUDir, s.Meta.ID)
 	if err != nil {
@@ -73,7 +78,7 @@ func Write(ctx context.Context, cs content.Store, s Spec) (ocispec.Descriptor, e
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	layers := append([]ocispec.Descriptor{}, base.Layers...)
+	layers := baseLayers
 	for _, l := range s.Deltas {
 		layers = append(layers, l.Desc)
 	}
@@ -98,22 +103,25 @@ func Write(ctx context.Context, cs content.Store, s Spec) (ocispec.Descriptor, e
 
 // checkpointConfig turns the base image's config into the checkpoint image's.
 func checkpointConfig(cfg *ocispec.Image, s Spec) error {
-	entrypoint, err := json.Marshal(cfg.Config.Entrypoint)
-	if err != nil {
-		return err
+	labels := maps.Clone(cfg.Config.Labels)
+	if labels == nil {
+		labels = map[string]string{}
 	}
-	cmd, err := json.Marshal(cfg.Config.Cmd)
-	if err != nil {
-		return err
-	}
-	labels := map[string]string{}
-	for k, v := range cfg.Config.Labels {
-		labels[k] = v
+	// On a checkpoint image, the originals are in its labels already.
+	if !IsMarker(cfg.Config.Entrypoint) {
+		entrypoint, err := json.Marshal(cfg.Config.Entrypoint)
+		if err != nil {
+			return err
+		}
+		cmd, err := json.Marshal(cfg.Config.Cmd)
+		if err != nil {
+			return err
+		}
+		labels[LabelEntrypoint] = string(entrypoint)
+		labels[LabelCmd] = string(cmd)
+		labels[LabelBase] = s.Base.Name
 	}
 	labels[LabelCheckpoint] = s.Meta.ID
-	labels[LabelEntrypoint] = string(entrypoint)
-	labels[LabelCmd] = string(cmd)
-	labels[LabelBase] = s.Base.Name
 	cfg.Config.Labels = labels
 	cfg.Config.Entrypoint = []string{Marker}
 	cfg.Config.Cmd = nil
