@@ -31,21 +31,29 @@ var criArchiveFiles = []string{"rootfs-diff.tar", "spec.dump", "config.dump", "s
 // container must run on with the same process (token and count). cklite's CRIU directory must carry
 // cklite.json naming a frozen layer that holds the written data, stacked on the previous
 // checkpoint's, so that its rootfs-diff.tar stays empty: the filesystem half cost no walk of the
-// rootfs while the container was paused. runc's diff holds the data.
+// rootfs while the container was paused. runc's diff holds the data. A pod on the CNI bridge keeps
+// its address.
 func TestCRICheckpointContainer(t *testing.T) {
 	d, cri := startCRI(t)
+	useBridge(t, cri)
 	for _, tc := range []struct {
 		handler string
 		mb      int
+		bridge  bool
 	}{
-		{harness.HandlerCklite, 0},
-		{harness.HandlerCklite, 200},
-		{harness.HandlerRunc, 0},
-		{harness.HandlerRunc, 200},
+		{harness.HandlerCklite, 0, false},
+		{harness.HandlerCklite, 0, true},
+		{harness.HandlerCklite, 200, false},
+		{harness.HandlerRunc, 0, false},
+		{harness.HandlerRunc, 200, false},
 	} {
-		t.Run(fmt.Sprintf("%s-%dMB", tc.handler, tc.mb), func(t *testing.T) {
+		name := fmt.Sprintf("%s-%dMB", tc.handler, tc.mb)
+		if tc.bridge {
+			name += "-bridge"
+		}
+		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			pod, id := runCounterPod(t, cri, fmt.Sprintf("ck-%s-%d", tc.handler, tc.mb), tc.handler)
+			pod, id := runCounterPod(t, cri, "ck-"+name, tc.handler, !tc.bridge)
 			c := newCounter(cri.RootfsPath(id))
 			var times []time.Duration
 			var parent string
@@ -88,6 +96,9 @@ func TestCRICheckpointContainer(t *testing.T) {
 					t.Fatalf("after checkpoint %d: state %v, %v; want RUNNING", round, st, err)
 				}
 				c.expectRestored(t, at)
+				if tc.bridge {
+					checkPodIP(t, cri, pod, id)
+				}
 			}
 			slices.Sort(times)
 			t.Logf("timing: CRI CheckpointContainer, %s, %d MB written: median %v of %v", tc.handler, tc.mb, times[len(times)/2].Round(time.Millisecond), times)
@@ -100,7 +111,7 @@ func TestCRICheckpointContainer(t *testing.T) {
 func TestCRICheckpointErrors(t *testing.T) {
 	d, cri := startCRI(t)
 	ctx := context.Background()
-	pod, running := runCounterPod(t, cri, "ck-errors", harness.HandlerCklite)
+	pod, running := runCounterPod(t, cri, "ck-errors", harness.HandlerCklite, true)
 	stopped, err := cri.StartContainer(ctx, pod, pod.Container("stopped", busybox.Name, "true"))
 	if err != nil {
 		t.Fatal(err)
@@ -142,12 +153,12 @@ func TestCRICheckpointErrors(t *testing.T) {
 	newCounter(cri.RootfsPath(running)).advance(t, 3)
 }
 
-// runCounterPod runs a host-network pod with the handler whose one container runs the counter
-// workload after a line on stdout (so its container.log is not empty).
-func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string) (*harness.Pod, string) {
+// runCounterPod runs a pod with the handler whose one container runs the counter workload after a
+// line on stdout (so its container.log is not empty).
+func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string, hostNetwork bool) (*harness.Pod, string) {
 	t.Helper()
 	ctx := context.Background()
-	pod, err := cri.RunPod(ctx, name, handler, true)
+	pod, err := cri.RunPod(ctx, name, handler, hostNetwork)
 	if err != nil {
 		t.Fatal(err)
 	}

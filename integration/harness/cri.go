@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -74,20 +75,47 @@ func (c *CRI) ImportImage(ctx context.Context, img localimage.Image) error {
 	if _, err := c.d.run(ctx, "ctr", "--address", c.d.Address, "--namespace", CRINamespace, "images", "import", "--no-unpack", img.Archive); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	return c.d.ctrd.waitReady(10*time.Second, func() error {
 		st, err := c.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img.Name}})
-		if err != nil {
-			return fmt.Errorf("CRI image status of %s: %w", img.Name, err)
+		if err == nil && st.GetImage() == nil {
+			err = fmt.Errorf("CRI does not list %s after its import", img.Name)
 		}
-		if st.GetImage() != nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("CRI does not list %s 10s after its import", img.Name)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err
+	})
+}
+
+// UseBridge gives pods that are not on the host's network a CNI bridge network: a bridge device
+// named bridge (at most 15 characters) on subnet (CIDR), addresses from host-local IPAM kept in
+// the daemon's directory, no masquerading or firewall rules to undo. It waits until CRI reports its
+// network ready. The bridge device outlives the pods (CNI leaves it): the returned func deletes it.
+func (c *CRI) UseBridge(ctx context.Context, bridge, subnet string) (func() error, error) {
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": %q, "plugins": [{"type": "bridge", "bridge": %q, "isGateway": true,
+  "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}]}`,
+		bridge, bridge, subnet, filepath.Join(c.d.Dir, "cni", "ipam"))
+	// CRI loads the first network of its conf_dir by name, where nerdctl keeps its networks too.
+	path := filepath.Join(c.d.Dir, "cni", "net.d", "10-"+bridge+".conflist")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		return nil, err
 	}
+	remove := func() error {
+		out, err := exec.Command("ip", "link", "delete", bridge).CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "Cannot find device") {
+			return fmt.Errorf("deleting bridge %s: %w: %s", bridge, err, out)
+		}
+		return nil
+	}
+	return remove, c.d.ctrd.waitReady(10*time.Second, func() error {
+		st, err := c.Runtime.Status(ctx, &runtimeapi.StatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range st.GetStatus().GetConditions() {
+			if cond.GetType() == runtimeapi.NetworkReady && cond.GetStatus() {
+				return nil
+			}
+		}
+		return fmt.Errorf("CRI's network is not ready after writing %s: %v", path, st.GetStatus().GetConditions())
+	})
 }
 
 // Pod is a pod sandbox the CRI plugin runs.
