@@ -101,7 +101,7 @@ func TestCRICheckpointContainer(t *testing.T) {
 				}
 			}
 			slices.Sort(times)
-			t.Logf("timing: CRI CheckpointContainer, %s, %d MB written: median %v of %v", tc.handler, tc.mb, times[len(times)/2].Round(time.Millisecond), times)
+			t.Logf("timing: CRI CheckpointContainer, %s: median %v of %v", name, times[len(times)/2].Round(time.Millisecond), times)
 		})
 	}
 }
