@@ -262,3 +262,59 @@ func waitExecRunning(t *testing.T, cri *harness.CRI, id, cmdline string) {
 	}
 	t.Fatalf("%q is not running in %s after 5s", cmdline, id)
 }
+
+// TestCRICheckpointPodAnnotations checks that cklite's checkpoint requests set as pod annotations
+// reach the shim through the handler's pod_annotations and shape what CheckpointContainer records.
+func TestCRICheckpointPodAnnotations(t *testing.T) {
+	d, cri := startCRI(t)
+	for _, tc := range []struct {
+		name, key, value string
+		check            func(checkpoint.Meta) error
+	}{
+		{"memory only", checkpoint.ContentsKey, "memory", func(m checkpoint.Meta) error {
+			if m.Contents != checkpoint.MemoryOnly || m.Frozen != "" {
+				return fmt.Errorf("contents %s, frozen layer %q; want memory, none", m.Contents, m.Frozen)
+			}
+			return nil
+		}},
+		{"ttl", checkpoint.TTLKey, "1h", func(m checkpoint.Meta) error {
+			if ttl := m.Expires.Sub(m.Created); ttl != time.Hour {
+				return fmt.Errorf("expires %v after creation, want 1h", ttl)
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			cfg, err := cri.PodConfig("annotated-"+strings.ReplaceAll(tc.name, " ", "-"), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Annotations = map[string]string{tc.key: tc.value}
+			pod, err := cri.RunPodConfig(ctx, cfg, harness.HandlerCklite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := cri.RemovePod(context.Background(), pod); err != nil {
+					t.Error(err)
+				}
+			})
+			id, err := cri.StartContainer(ctx, pod, pod.Container("sleeper", busybox.Name, "sleep", "3600"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			archive := filepath.Join(d.Dir, cfg.GetMetadata().GetName()+".tar")
+			if _, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
+				t.Fatal(err)
+			}
+			var meta checkpoint.Meta
+			if err := json.Unmarshal(readArchive(t, archive)["checkpoint/"+checkpoint.MetaFile].data, &meta); err != nil {
+				t.Fatalf("%s in the archive: %v", checkpoint.MetaFile, err)
+			}
+			if err := tc.check(meta); err != nil {
+				t.Errorf("pod annotated %s=%s: %v", tc.key, tc.value, err)
+			}
+		})
+	}
+}

@@ -52,6 +52,7 @@ imports = []
       conf_dir = %q
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.cklite]
       runtime_type = %q
+      pod_annotations = ['cklite.io/*']
 `, d.Root, d.State, filepath.Join(d.Dir, "tmp"), d.Address, d.Address+".ttrpc", level,
 		d.HostsDir, localimage.PauseName, d.stack.CNIBin, filepath.Join(d.Dir, "cni", "net.d"), CkliteRuntime)
 	if d.SnapshotterAddress != "" {

@@ -124,11 +124,21 @@ type Pod struct {
 	Config *runtimeapi.PodSandboxConfig
 }
 
-// RunPod runs a pod sandbox named name with the runtime handler. hostNetwork puts it in the host's
-// network namespace, which needs no CNI; otherwise CNI configures its own namespace. Its cgroups
-// go below /<daemon namespace>, which the daemon's teardown removes, not below CRI's default
-// /k8s.io, which every daemon on the host would share.
+// RunPod runs a pod sandbox named name with the runtime handler, configured as PodConfig says.
 func (c *CRI) RunPod(ctx context.Context, name, handler string, hostNetwork bool) (*Pod, error) {
+	cfg, err := c.PodConfig(name, hostNetwork)
+	if err != nil {
+		return nil, err
+	}
+	return c.RunPodConfig(ctx, cfg, handler)
+}
+
+// PodConfig returns the config of a pod sandbox named name, for callers that change it before
+// RunPodConfig (annotations, say). hostNetwork puts the pod in the host's network namespace, which
+// needs no CNI; otherwise CNI configures its own namespace (see UseBridge). Its cgroups go below
+// /<daemon namespace>, which the daemon's teardown removes, not below CRI's default /k8s.io, which
+// every daemon on the host would share.
+func (c *CRI) PodConfig(name string, hostNetwork bool) (*runtimeapi.PodSandboxConfig, error) {
 	// A pod on the host's network shares its UTS namespace too, where no hostname may be set.
 	netMode, hostname := runtimeapi.NamespaceMode_POD, name
 	if hostNetwork {
@@ -138,7 +148,7 @@ func (c *CRI) RunPod(ctx context.Context, name, handler string, hostNetwork bool
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return nil, err
 	}
-	cfg := &runtimeapi.PodSandboxConfig{
+	return &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: randomHex(8)},
 		Hostname:     hostname,
 		LogDirectory: logDir,
@@ -148,10 +158,14 @@ func (c *CRI) RunPod(ctx context.Context, name, handler string, hostNetwork bool
 				NamespaceOptions: &runtimeapi.NamespaceOption{Network: netMode, Pid: runtimeapi.NamespaceMode_CONTAINER, Ipc: runtimeapi.NamespaceMode_POD},
 			},
 		},
-	}
+	}, nil
+}
+
+// RunPodConfig runs the pod sandbox cfg with the runtime handler.
+func (c *CRI) RunPodConfig(ctx context.Context, cfg *runtimeapi.PodSandboxConfig, handler string) (*Pod, error) {
 	resp, err := c.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 	if err != nil {
-		return nil, fmt.Errorf("running pod %s with handler %q: %w", name, handler, err)
+		return nil, fmt.Errorf("running pod %s with handler %q: %w", cfg.GetMetadata().GetName(), handler, err)
 	}
 	return &Pod{ID: resp.GetPodSandboxId(), Config: cfg}, nil
 }
