@@ -229,6 +229,11 @@ func checkCkliteMeta(t *testing.T, d *harness.Daemon, cri *harness.CRI, f archiv
 	if int(usage.Size>>20) < mb {
 		t.Errorf("frozen layer %s holds %d bytes, want the %d MB written", meta.Frozen, usage.Size, mb)
 	}
+	// The kubelet keeps no record of checkpoints; cklite lists them from their leases.
+	ids, err := cri.Cklite(context.Background(), "checkpoint", "ls", "-q")
+	if err != nil || !slices.Contains(strings.Fields(ids), meta.ID) {
+		t.Errorf("cklite checkpoint ls -q in %s: %q, %v; want %s listed", harness.CRINamespace, ids, err, meta.ID)
+	}
 	return meta
 }
 

@@ -66,6 +66,12 @@ func (c *CRI) Context(ctx context.Context) context.Context {
 // host (see Daemon.RootfsPath).
 func (c *CRI) RootfsPath(id string) string { return c.d.rootfsPath(CRINamespace, id) }
 
+// Cklite runs the project's cklite CLI against the daemon in CRINamespace and returns its standard
+// output.
+func (c *CRI) Cklite(ctx context.Context, args ...string) (string, error) {
+	return c.d.cklite(ctx, CRINamespace, args...)
+}
+
 // Close closes the connection; pods and containers stay (the daemon's Close removes them).
 func (c *CRI) Close() error { return c.conn.Close() }
 
