@@ -121,10 +121,10 @@ func TestCRICheckpointErrors(t *testing.T) {
 	// liveness probe running at the kubelet's checkpoint meets this).
 	execDone := make(chan error, 1)
 	go func() {
-		_, err := cri.Exec(ctx, running, "sleep", "3")
+		_, err := cri.Exec(ctx, running, "sleep", "5")
 		execDone <- err
 	}()
-	waitExecRunning(t, cri, running, "sleep 3")
+	waitExecRunning(t, cri, running, "sleep 5")
 
 	for _, tc := range []struct {
 		name, id, want string
