@@ -31,21 +31,29 @@ var criArchiveFiles = []string{"rootfs-diff.tar", "spec.dump", "config.dump", "s
 // container must run on with the same process (token and count). cklite's CRIU directory must carry
 // cklite.json naming a frozen layer that holds the written data, stacked on the previous
 // checkpoint's, so that its rootfs-diff.tar stays empty: the filesystem half cost no walk of the
-// rootfs while the container was paused. runc's diff holds the data.
+// rootfs while the container was paused. runc's diff holds the data. A pod on the CNI bridge keeps
+// its address.
 func TestCRICheckpointContainer(t *testing.T) {
 	d, cri := startCRI(t)
+	useBridge(t, cri)
 	for _, tc := range []struct {
 		handler string
 		mb      int
+		bridge  bool
 	}{
-		{harness.HandlerCklite, 0},
-		{harness.HandlerCklite, 200},
-		{harness.HandlerRunc, 0},
-		{harness.HandlerRunc, 200},
+		{harness.HandlerCklite, 0, false},
+		{harness.HandlerCklite, 0, true},
+		{harness.HandlerCklite, 200, false},
+		{harness.HandlerRunc, 0, false},
+		{harness.HandlerRunc, 200, false},
 	} {
-		t.Run(fmt.Sprintf("%s-%dMB", tc.handler, tc.mb), func(t *testing.T) {
+		name := fmt.Sprintf("%s-%dMB", tc.handler, tc.mb)
+		if tc.bridge {
+			name += "-bridge"
+		}
+		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			pod, id := runCounterPod(t, cri, fmt.Sprintf("ck-%s-%d", tc.handler, tc.mb), tc.handler)
+			pod, id := runCounterPod(t, cri, "ck-"+name, tc.handler, !tc.bridge)
 			c := newCounter(cri.RootfsPath(id))
 			var times []time.Duration
 			var parent string
@@ -88,9 +96,12 @@ func TestCRICheckpointContainer(t *testing.T) {
 					t.Fatalf("after checkpoint %d: state %v, %v; want RUNNING", round, st, err)
 				}
 				c.expectRestored(t, at)
+				if tc.bridge {
+					checkPodIP(t, cri, pod, id)
+				}
 			}
 			slices.Sort(times)
-			t.Logf("timing: CRI CheckpointContainer, %s, %d MB written: median %v of %v", tc.handler, tc.mb, times[len(times)/2].Round(time.Millisecond), times)
+			t.Logf("timing: CRI CheckpointContainer, %s: median %v of %v", name, times[len(times)/2].Round(time.Millisecond), times)
 		})
 	}
 }
@@ -100,7 +111,7 @@ func TestCRICheckpointContainer(t *testing.T) {
 func TestCRICheckpointErrors(t *testing.T) {
 	d, cri := startCRI(t)
 	ctx := context.Background()
-	pod, running := runCounterPod(t, cri, "ck-errors", harness.HandlerCklite)
+	pod, running := runCounterPod(t, cri, "ck-errors", harness.HandlerCklite, true)
 	stopped, err := cri.StartContainer(ctx, pod, pod.Container("stopped", busybox.Name, "true"))
 	if err != nil {
 		t.Fatal(err)
@@ -110,10 +121,10 @@ func TestCRICheckpointErrors(t *testing.T) {
 	// liveness probe running at the kubelet's checkpoint meets this).
 	execDone := make(chan error, 1)
 	go func() {
-		_, err := cri.Exec(ctx, running, "sleep", "3")
+		_, err := cri.Exec(ctx, running, "sleep", "5")
 		execDone <- err
 	}()
-	waitExecRunning(t, cri, running, "sleep 3")
+	waitExecRunning(t, cri, running, "sleep 5")
 
 	for _, tc := range []struct {
 		name, id, want string
@@ -142,12 +153,12 @@ func TestCRICheckpointErrors(t *testing.T) {
 	newCounter(cri.RootfsPath(running)).advance(t, 3)
 }
 
-// runCounterPod runs a host-network pod with the handler whose one container runs the counter
-// workload after a line on stdout (so its container.log is not empty).
-func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string) (*harness.Pod, string) {
+// runCounterPod runs a pod with the handler whose one container runs the counter workload after a
+// line on stdout (so its container.log is not empty).
+func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string, hostNetwork bool) (*harness.Pod, string) {
 	t.Helper()
 	ctx := context.Background()
-	pod, err := cri.RunPod(ctx, name, handler, true)
+	pod, err := cri.RunPod(ctx, name, handler, hostNetwork)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +229,11 @@ func checkCkliteMeta(t *testing.T, d *harness.Daemon, cri *harness.CRI, f archiv
 	if int(usage.Size>>20) < mb {
 		t.Errorf("frozen layer %s holds %d bytes, want the %d MB written", meta.Frozen, usage.Size, mb)
 	}
+	// The kubelet keeps no record of checkpoints; cklite lists them from their leases.
+	ids, err := cri.Cklite(context.Background(), "checkpoint", "ls", "-q")
+	if err != nil || !slices.Contains(strings.Fields(ids), meta.ID) {
+		t.Errorf("cklite checkpoint ls -q in %s: %q, %v; want %s listed", harness.CRINamespace, ids, err, meta.ID)
+	}
 	return meta
 }
 
@@ -250,4 +266,60 @@ func waitExecRunning(t *testing.T, cri *harness.CRI, id, cmdline string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("%q is not running in %s after 5s", cmdline, id)
+}
+
+// TestCRICheckpointPodAnnotations checks that cklite's checkpoint requests set as pod annotations
+// reach the shim through the handler's pod_annotations and shape what CheckpointContainer records.
+func TestCRICheckpointPodAnnotations(t *testing.T) {
+	d, cri := startCRI(t)
+	for _, tc := range []struct {
+		name, key, value string
+		check            func(checkpoint.Meta) error
+	}{
+		{"memory only", checkpoint.ContentsKey, "memory", func(m checkpoint.Meta) error {
+			if m.Contents != checkpoint.MemoryOnly || m.Frozen != "" {
+				return fmt.Errorf("contents %s, frozen layer %q; want memory, none", m.Contents, m.Frozen)
+			}
+			return nil
+		}},
+		{"ttl", checkpoint.TTLKey, "1h", func(m checkpoint.Meta) error {
+			if ttl := m.Expires.Sub(m.Created); ttl != time.Hour {
+				return fmt.Errorf("expires %v after creation, want 1h", ttl)
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			cfg, err := cri.PodConfig("annotated-"+strings.ReplaceAll(tc.name, " ", "-"), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Annotations = map[string]string{tc.key: tc.value}
+			pod, err := cri.RunPodConfig(ctx, cfg, harness.HandlerCklite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := cri.RemovePod(context.Background(), pod); err != nil {
+					t.Error(err)
+				}
+			})
+			id, err := cri.StartContainer(ctx, pod, pod.Container("sleeper", busybox.Name, "sleep", "3600"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			archive := filepath.Join(d.Dir, cfg.GetMetadata().GetName()+".tar")
+			if _, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
+				t.Fatal(err)
+			}
+			var meta checkpoint.Meta
+			if err := json.Unmarshal(readArchive(t, archive)["checkpoint/"+checkpoint.MetaFile].data, &meta); err != nil {
+				t.Fatalf("%s in the archive: %v", checkpoint.MetaFile, err)
+			}
+			if err := tc.check(meta); err != nil {
+				t.Errorf("pod annotated %s=%s: %v", tc.key, tc.value, err)
+			}
+		})
+	}
 }

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -29,19 +31,22 @@ func startCRI(t *testing.T) (*harness.Daemon, *harness.CRI) {
 
 // TestCRIPodLifecycle runs a pod through CRI as the kubelet does, on each runtime handler: run the
 // sandbox, create and start a container, exec in it, read its stats, stop it, remove the pod. The
-// pod's containers must run on the handler's shim and snapshotter.
+// pod's containers must run on the handler's shim and snapshotter; a pod on the CNI bridge must
+// have its address inside the container.
 func TestCRIPodLifecycle(t *testing.T) {
 	d, cri := startCRI(t)
+	useBridge(t, cri)
 	for _, tc := range []struct {
-		handler, runtime, snapshotter string
-		hostNetwork                   bool
+		name, handler, runtime, snapshotter string
+		hostNetwork                         bool
 	}{
-		{handler: harness.HandlerCklite, runtime: harness.CkliteRuntime, snapshotter: "cklite", hostNetwork: true},
-		{handler: harness.HandlerRunc, runtime: "io.containerd.runc.v2", snapshotter: "overlayfs", hostNetwork: true},
+		{"cklite", harness.HandlerCklite, harness.CkliteRuntime, "cklite", true},
+		{"cklite-bridge", harness.HandlerCklite, harness.CkliteRuntime, "cklite", false},
+		{"runc", harness.HandlerRunc, "io.containerd.runc.v2", "overlayfs", true},
 	} {
-		t.Run(tc.handler, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			pod, err := cri.RunPod(ctx, "life-"+tc.handler, tc.handler, tc.hostNetwork)
+			pod, err := cri.RunPod(ctx, "life-"+tc.name, tc.handler, tc.hostNetwork)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -51,6 +56,9 @@ func TestCRIPodLifecycle(t *testing.T) {
 			}
 			for _, cid := range []string{pod.ID, id} {
 				checkRuntime(t, d, cri, cid, tc.runtime, tc.snapshotter)
+			}
+			if !tc.hostNetwork {
+				checkPodIP(t, cri, pod, id)
 			}
 
 			out, err := cri.Exec(ctx, id, "sh", "-c", "echo hello > /tmp/f && cat /tmp/f")
@@ -88,6 +96,41 @@ func TestCRIPodLifecycle(t *testing.T) {
 				t.Errorf("container %s still in containerd after RemovePodSandbox", id)
 			}
 		})
+	}
+}
+
+// useBridge gives the test's pods that are not on the host's network a bridge of their own, on a
+// subnet unlikely to be another test's.
+func useBridge(t *testing.T, cri *harness.CRI) {
+	t.Helper()
+	remove, err := cri.UseBridge(context.Background(), fmt.Sprintf("ckcri%04x", rand.IntN(1<<16)), fmt.Sprintf("10.214.%d.0/24", rand.IntN(256)))
+	if remove != nil {
+		t.Cleanup(func() {
+			if err := remove(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkPodIP fails the test unless container id of the pod has the pod's IP address.
+func checkPodIP(t *testing.T, cri *harness.CRI, pod *harness.Pod, id string) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := cri.Runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := st.GetStatus().GetNetwork().GetIp()
+	out, err := cri.Exec(ctx, id, "ip", "-o", "-4", "addr", "show", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip == "" || !strings.Contains(out, " "+ip+"/") {
+		t.Errorf("pod IP %q, container's eth0: %s", ip, out)
 	}
 }
 

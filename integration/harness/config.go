@@ -52,14 +52,21 @@ imports = []
       conf_dir = %q
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.cklite]
       runtime_type = %q
+      pod_annotations = ['cklite.io/*']
 `, d.Root, d.State, filepath.Join(d.Dir, "tmp"), d.Address, d.Address+".ttrpc", level,
 		d.HostsDir, localimage.PauseName, d.stack.CNIBin, filepath.Join(d.Dir, "cni", "net.d"), CkliteRuntime)
+	if d.SnapshotterAddress != "" {
+		b.WriteString("      snapshotter = 'cklite'\n")
+	}
+	// What contrib/kubernetes/containerd-cri.toml sets: the shim gets it as runtimeoptions.
+	b.WriteString(`      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.cklite.options]
+        SystemdCgroup = false
+`)
 	if d.SnapshotterAddress != "" {
 		// The transfer service (ctr pull, ctr images import) unpacks only into the snapshotters
 		// its unpack_config lists; naming cklite replaces the default list, so overlayfs is
 		// listed again.
-		fmt.Fprintf(&b, `      snapshotter = 'cklite'
-
+		fmt.Fprintf(&b, `
   [plugins.'io.containerd.transfer.v1.local']
     [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
       platform = 'linux/%[2]s'

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -65,6 +66,12 @@ func (c *CRI) Context(ctx context.Context) context.Context {
 // host (see Daemon.RootfsPath).
 func (c *CRI) RootfsPath(id string) string { return c.d.rootfsPath(CRINamespace, id) }
 
+// Cklite runs the project's cklite CLI against the daemon in CRINamespace and returns its standard
+// output.
+func (c *CRI) Cklite(ctx context.Context, args ...string) (string, error) {
+	return c.d.cklite(ctx, CRINamespace, args...)
+}
+
 // Close closes the connection; pods and containers stay (the daemon's Close removes them).
 func (c *CRI) Close() error { return c.conn.Close() }
 
@@ -74,20 +81,47 @@ func (c *CRI) ImportImage(ctx context.Context, img localimage.Image) error {
 	if _, err := c.d.run(ctx, "ctr", "--address", c.d.Address, "--namespace", CRINamespace, "images", "import", "--no-unpack", img.Archive); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	return c.d.ctrd.waitReady(10*time.Second, func() error {
 		st, err := c.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img.Name}})
-		if err != nil {
-			return fmt.Errorf("CRI image status of %s: %w", img.Name, err)
+		if err == nil && st.GetImage() == nil {
+			err = fmt.Errorf("CRI does not list %s after its import", img.Name)
 		}
-		if st.GetImage() != nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("CRI does not list %s 10s after its import", img.Name)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err
+	})
+}
+
+// UseBridge gives pods that are not on the host's network a CNI bridge network: a bridge device
+// named bridge (at most 15 characters) on subnet (CIDR), addresses from host-local IPAM kept in
+// the daemon's directory, no masquerading or firewall rules to undo. It waits until CRI reports its
+// network ready. The bridge device outlives the pods (CNI leaves it): the returned func deletes it.
+func (c *CRI) UseBridge(ctx context.Context, bridge, subnet string) (func() error, error) {
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": %q, "plugins": [{"type": "bridge", "bridge": %q, "isGateway": true,
+  "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}]}`,
+		bridge, bridge, subnet, filepath.Join(c.d.Dir, "cni", "ipam"))
+	// CRI loads the first network of its conf_dir by name, where nerdctl keeps its networks too.
+	path := filepath.Join(c.d.Dir, "cni", "net.d", "10-"+bridge+".conflist")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		return nil, err
 	}
+	remove := func() error {
+		out, err := exec.Command("ip", "link", "delete", bridge).CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "Cannot find device") {
+			return fmt.Errorf("deleting bridge %s: %w: %s", bridge, err, out)
+		}
+		return nil
+	}
+	return remove, c.d.ctrd.waitReady(10*time.Second, func() error {
+		st, err := c.Runtime.Status(ctx, &runtimeapi.StatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range st.GetStatus().GetConditions() {
+			if cond.GetType() == runtimeapi.NetworkReady && cond.GetStatus() {
+				return nil
+			}
+		}
+		return fmt.Errorf("CRI's network is not ready after writing %s: %v", path, st.GetStatus().GetConditions())
+	})
 }
 
 // Pod is a pod sandbox the CRI plugin runs.
@@ -96,11 +130,21 @@ type Pod struct {
 	Config *runtimeapi.PodSandboxConfig
 }
 
-// RunPod runs a pod sandbox named name with the runtime handler. hostNetwork puts it in the host's
-// network namespace, which needs no CNI; otherwise CNI configures its own namespace. Its cgroups
-// go below /<daemon namespace>, which the daemon's teardown removes, not below CRI's default
-// /k8s.io, which every daemon on the host would share.
+// RunPod runs a pod sandbox named name with the runtime handler, configured as PodConfig says.
 func (c *CRI) RunPod(ctx context.Context, name, handler string, hostNetwork bool) (*Pod, error) {
+	cfg, err := c.PodConfig(name, hostNetwork)
+	if err != nil {
+		return nil, err
+	}
+	return c.RunPodConfig(ctx, cfg, handler)
+}
+
+// PodConfig returns the config of a pod sandbox named name, for callers that change it before
+// RunPodConfig (annotations, say). hostNetwork puts the pod in the host's network namespace, which
+// needs no CNI; otherwise CNI configures its own namespace (see UseBridge). Its cgroups go below
+// /<daemon namespace>, which the daemon's teardown removes, not below CRI's default /k8s.io, which
+// every daemon on the host would share.
+func (c *CRI) PodConfig(name string, hostNetwork bool) (*runtimeapi.PodSandboxConfig, error) {
 	// A pod on the host's network shares its UTS namespace too, where no hostname may be set.
 	netMode, hostname := runtimeapi.NamespaceMode_POD, name
 	if hostNetwork {
@@ -110,7 +154,7 @@ func (c *CRI) RunPod(ctx context.Context, name, handler string, hostNetwork bool
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return nil, err
 	}
-	cfg := &runtimeapi.PodSandboxConfig{
+	return &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: randomHex(8)},
 		Hostname:     hostname,
 		LogDirectory: logDir,
@@ -120,10 +164,14 @@ func (c *CRI) RunPod(ctx context.Context, name, handler string, hostNetwork bool
 				NamespaceOptions: &runtimeapi.NamespaceOption{Network: netMode, Pid: runtimeapi.NamespaceMode_CONTAINER, Ipc: runtimeapi.NamespaceMode_POD},
 			},
 		},
-	}
+	}, nil
+}
+
+// RunPodConfig runs the pod sandbox cfg with the runtime handler.
+func (c *CRI) RunPodConfig(ctx context.Context, cfg *runtimeapi.PodSandboxConfig, handler string) (*Pod, error) {
 	resp, err := c.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 	if err != nil {
-		return nil, fmt.Errorf("running pod %s with handler %q: %w", name, handler, err)
+		return nil, fmt.Errorf("running pod %s with handler %q: %w", cfg.GetMetadata().GetName(), handler, err)
 	}
 	return &Pod{ID: resp.GetPodSandboxId(), Config: cfg}, nil
 }
