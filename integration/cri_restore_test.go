@@ -25,17 +25,31 @@ import (
 // same containerd (twice: a fork) and on a second containerd that only pulls the image through
 // CRI. With the runc handler the container must fail to start naming the missing runtime.
 func TestCRIRestore(t *testing.T) {
-	for _, mb := range []int{0, 200} {
-		t.Run(fmt.Sprintf("%dMB", mb), func(t *testing.T) { testCRIRestore(t, mb) })
+	for _, tc := range []struct {
+		mb     int
+		bridge bool // pods on the CNI bridge, each in a network namespace of its own
+	}{
+		{0, false},
+		{200, false},
+		{0, true},
+	} {
+		name := fmt.Sprintf("%dMB", tc.mb)
+		if tc.bridge {
+			name += "-bridge"
+		}
+		t.Run(name, func(t *testing.T) { testCRIRestore(t, tc.mb, tc.bridge) })
 	}
 }
 
 // testCRIRestore is TestCRIRestore with mb of random data written into the container's rootfs
-// before the checkpoint.
-func testCRIRestore(t *testing.T, mb int) {
+// before the checkpoint, its pods on the host's network or (bridge) on a CNI bridge.
+func testCRIRestore(t *testing.T, mb int, bridge bool) {
 	d, cri := startCRI(t)
+	if bridge {
+		useBridge(t, cri)
+	}
 	ctx := context.Background()
-	_, id := runCounterPod(t, cri, "ck-source", harness.HandlerCklite)
+	_, id := runCounterPod(t, cri, "ck-source", harness.HandlerCklite, !bridge)
 	c := newCounter(cri.RootfsPath(id))
 	writeMarks(t, c.Rootfs, "cri")
 	var data string
@@ -77,12 +91,12 @@ func testCRIRestore(t *testing.T, mb int) {
 
 	t.Run("same containerd", func(t *testing.T) {
 		for _, name := range []string{"restored", "fork"} {
-			expectRestored(t, restorePod(t, cri, name, harness.HandlerCklite, ref))
+			expectRestored(t, restorePod(t, cri, name, harness.HandlerCklite, ref, !bridge))
 		}
 	})
 
 	t.Run("runc refuses", func(t *testing.T) {
-		pod, err := cri.RunPod(ctx, "with-runc", harness.HandlerRunc, true)
+		pod, err := cri.RunPod(ctx, "with-runc", harness.HandlerRunc, !bridge)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,6 +112,9 @@ func testCRIRestore(t *testing.T, mb int) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cri2.Close() })
+		if bridge {
+			useBridge(t, cri2)
+		}
 		start := time.Now()
 		if _, err := cri2.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
 			t.Fatal(err)
@@ -106,7 +123,7 @@ func testCRIRestore(t *testing.T, mb int) {
 		clearCache(t, blob) // this node's shim extracts its own copy
 		// The archive alone cannot be exported here: the files are in the source's frozen layers.
 		ckliteFails(t, d2, "frozen layer", "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref+"-again", archive)
-		expectRestored(t, restorePod(t, cri2, "migrated", harness.HandlerCklite, ref))
+		expectRestored(t, restorePod(t, cri2, "migrated", harness.HandlerCklite, ref, !bridge))
 	})
 }
 
@@ -127,11 +144,11 @@ func fileDigest(t *testing.T, rootfs string) string {
 
 // restorePod runs a pod named name with handler whose one container is the checkpoint image ref
 // (its own entrypoint: the marker) and returns its counter.
-func restorePod(t *testing.T, cri *harness.CRI, name, handler, ref string) counter {
+func restorePod(t *testing.T, cri *harness.CRI, name, handler, ref string, hostNetwork bool) counter {
 	t.Helper()
 	ctx := context.Background()
 	start := time.Now()
-	pod, err := cri.RunPod(ctx, name, handler, true)
+	pod, err := cri.RunPod(ctx, name, handler, hostNetwork)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,6 +164,9 @@ func restorePod(t *testing.T, cri *harness.CRI, name, handler, ref string) count
 		t.Fatalf("restoring pod %s from %s: %v%s", name, ref, err, criuErrors(err))
 	}
 	logTiming(t, "pod restore (CreateContainer + StartContainer) "+name, start)
+	if !hostNetwork {
+		checkPodIP(t, cri, pod, id) // the restored process is in the new pod's network
+	}
 	return newCounter(cri.RootfsPath(id))
 }
 
