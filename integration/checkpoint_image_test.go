@@ -245,11 +245,11 @@ func (e *ckEnv) restoreFromImage(t *testing.T, id string, img client.Image) coun
 	if _, err := e.restore(rc, nil); err != nil {
 		t.Fatalf("restoring %s from checkpoint image %s: %v%s", id, img.Name(), err, criuErrors(err))
 	}
-	blob, err := ckimage.Find(e.ctx, e.d.Client().ContentStore(), img.Name(), img.Target(), platforms.Default())
+	ck, err := ckimage.Find(e.ctx, e.d.Client().ContentStore(), img.Name(), img.Target(), platforms.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(filepath.Join(ckimage.DefaultCacheDir, blob.Digest.Encoded())) })
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(ckimage.DefaultCacheDir, ck.Blob.Digest.Encoded())) })
 	return newCounter(e.d.RootfsPath(id))
 }
 

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -105,6 +106,16 @@ func testCRIRestore(t *testing.T, mb int, bridge bool) {
 		expectErrorNaming(t, err, ckimage.Marker)
 	})
 
+	t.Run("ctr run refuses: mounts", func(t *testing.T) {
+		// ctr's spec lacks the bind mounts CRI gave the checkpointed container (/etc/hosts,
+		// /dev/shm, ...), which CRIU dumped as external mounts and cannot restore without.
+		r := ctrResult(t, d, "", "-n", harness.CRINamespace, "run", "-d", "--fifo-dir", d.FIFODir(), "--runtime", harness.CkliteRuntime, "--snapshotter", ckliteSnapshotter, ref, "with-ctr-"+randomTag())
+		if r.code == 0 {
+			t.Fatalf("ctr run of a CRI checkpoint image succeeded: %s", r.stdout)
+		}
+		expectErrorNaming(t, errors.New(r.stderr), "which this container lacks")
+	})
+
 	t.Run("another containerd", func(t *testing.T) {
 		d2 := startDaemon(t, harness.Config{CkliteSnapshotter: true})
 		cri2, err := d2.CRI(ctx)
@@ -178,11 +189,11 @@ func criuBlob(t *testing.T, d *harness.Daemon, ref string) ocispec.Descriptor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blob, err := ckimage.Find(ctx, d.Client().ContentStore(), ref, img.Target, platforms.Default())
+	ck, err := ckimage.Find(ctx, d.Client().ContentStore(), ref, img.Target, platforms.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return blob
+	return ck.Blob
 }
 
 // waitCRIImage waits until the CRI plugin lists image ref, which it learns of from containerd's

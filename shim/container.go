@@ -89,7 +89,7 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	}
 	c.execsDone = sync.NewCond(&c.mu)
 	if c.checkpoint == "" && spec.Process != nil && ckimage.IsMarker(spec.Process.Args) {
-		if c.checkpoint, err = s.imageCheckpoint(ctx, ns, r.ID); err != nil {
+		if c.checkpoint, err = s.imageCheckpoint(ctx, ns, r.ID, spec); err != nil {
 			return nil, err
 		}
 		c.fromImage = true

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/platforms"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/ckimage"
 )
@@ -27,7 +28,7 @@ const imageCacheTTL = 24 * time.Hour
 // cache. Its rootfs, prepared by the client from the image's layers, is already the checkpoint's
 // filesystem, so the restore needs nothing else: the same node restores on layers it unpacked
 // from its own frozen chain, any other node on the layers it pulled.
-func (s *service) imageCheckpoint(ctx context.Context, ns, id string) (string, error) {
+func (s *service) imageCheckpoint(ctx context.Context, ns, id string, spec *specs.Spec) (string, error) {
 	start := time.Now()
 	ctx = namespaces.WithNamespace(ctx, ns)
 	conn, err := s.daemon.dial()
@@ -48,11 +49,14 @@ func (s *service) imageCheckpoint(ctx context.Context, ns, id string) (string, e
 	}
 	target := oci.DescriptorFromProto(img.Image.Target)
 	cs := contentproxy.NewContentStore(contentapi.NewContentClient(conn))
-	blob, err := ckimage.Find(ctx, cs, name, target, platforms.Default())
+	ck, err := ckimage.Find(ctx, cs, name, target, platforms.Default())
 	if err != nil {
 		return "", err
 	}
-	dir, err := ckimage.Extract(ctx, cs, blob, ckimage.DefaultCacheDir)
+	if err := ck.CheckMounts(spec); err != nil {
+		return "", fmt.Errorf("container %s: %w", id, err)
+	}
+	dir, err := ckimage.Extract(ctx, cs, ck.Blob, ckimage.DefaultCacheDir)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint image %s: %w", name, err)
 	}

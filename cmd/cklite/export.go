@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
@@ -162,7 +164,7 @@ func (e *exporter) export(ctx context.Context, src source, ref string) (images.I
 	if err != nil {
 		return images.Image{}, err
 	}
-	base, err := e.baseImage(ctx, src)
+	base, spec, err := e.origin(ctx, src)
 	if err != nil {
 		return images.Image{}, err
 	}
@@ -180,7 +182,7 @@ func (e *exporter) export(ctx context.Context, src source, ref string) (images.I
 		return images.Image{}, err
 	}
 	cs := e.ctrd.ContentStore()
-	target, err := ckimage.Write(ctx, cs, ckimage.Spec{Base: base, Deltas: deltas, CRIUDir: src.criuDir, Meta: src.meta})
+	target, err := ckimage.Write(ctx, cs, ckimage.Spec{Base: base, Deltas: deltas, CRIUDir: src.criuDir, Meta: src.meta, Spec: spec})
 	if err != nil {
 		return images.Image{}, err
 	}
@@ -196,28 +198,40 @@ func (e *exporter) export(ctx context.Context, src source, ref string) (images.I
 	return created, nil
 }
 
-// baseImage is the image the checkpointed container was made from.
-func (e *exporter) baseImage(ctx context.Context, src source) (images.Image, error) {
+// origin returns the image the checkpointed container was made from (--base, the container's,
+// or the archive's) and its spec, when known (the container's, or the archive's spec.dump).
+func (e *exporter) origin(ctx context.Context, src source) (images.Image, *specs.Spec, error) {
 	name := e.base
-	if name == "" {
-		c, err := e.ctrd.ContainerService().Get(ctx, src.meta.Container)
-		switch {
-		case err == nil:
-			name = c.Image
-		case !errdefs.IsNotFound(err):
-			return images.Image{}, fmt.Errorf("container %s of checkpoint %s: %w", src.meta.Container, src.meta.ID, err)
-		case src.archive != nil:
+	var spec *specs.Spec
+	if src.archive != nil {
+		spec = src.archive.Spec
+		if name == "" {
 			name = src.archive.Config.RootfsImageName
 		}
 	}
+	c, err := e.ctrd.ContainerService().Get(ctx, src.meta.Container)
+	switch {
+	case err == nil:
+		if name == "" {
+			name = c.Image
+		}
+		if spec == nil && c.Spec != nil {
+			spec = &specs.Spec{}
+			if err := json.Unmarshal(c.Spec.GetValue(), spec); err != nil {
+				return images.Image{}, nil, fmt.Errorf("spec of container %s: %w", c.ID, err)
+			}
+		}
+	case !errdefs.IsNotFound(err):
+		return images.Image{}, nil, fmt.Errorf("container %s of checkpoint %s: %w", src.meta.Container, src.meta.ID, err)
+	}
 	if name == "" {
-		return images.Image{}, fmt.Errorf("container %s of checkpoint %s is gone and its image is unknown: name it with --base: %w", src.meta.Container, src.meta.ID, errdefs.ErrNotFound)
+		return images.Image{}, nil, fmt.Errorf("container %s of checkpoint %s is gone and its image is unknown: name it with --base: %w", src.meta.Container, src.meta.ID, errdefs.ErrNotFound)
 	}
 	img, err := e.ctrd.ImageService().Get(ctx, name)
 	if err != nil {
-		return images.Image{}, fmt.Errorf("base image %s of checkpoint %s: %w", name, src.meta.ID, err)
+		return images.Image{}, nil, fmt.Errorf("base image %s of checkpoint %s: %w", name, src.meta.ID, err)
 	}
-	return img, nil
+	return img, spec, nil
 }
 
 // chain returns the frozen layers holding the checkpoint's filesystem, bottom first, and the

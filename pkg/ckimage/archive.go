@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // Archive is a checkpoint archive as the CRI's CheckpointContainer writes it (the kubelet's
@@ -21,6 +22,8 @@ type Archive struct {
 	Dir string
 	// Config is config.dump: which container was checkpointed and from which image.
 	Config ArchiveConfig
+	// Spec is spec.dump, the checkpointed container's spec; nil if the archive has none.
+	Spec *specs.Spec
 }
 
 // ArchiveConfig is the part of config.dump (checkpointctl's ContainerConfig) an export needs.
@@ -99,6 +102,13 @@ func OpenArchive(path, tmpRoot string) (Archive, error) {
 	if err != nil {
 		os.RemoveAll(dir)
 		return Archive{}, fmt.Errorf("checkpoint archive %s has no readable config.dump (not a CRI checkpoint?): %w: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "spec.dump")); err == nil {
+		a.Spec = &specs.Spec{}
+		if err := json.Unmarshal(data, a.Spec); err != nil {
+			os.RemoveAll(dir)
+			return Archive{}, fmt.Errorf("spec.dump of checkpoint archive %s: %w: %w", path, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	return a, nil
 }

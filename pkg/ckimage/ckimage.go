@@ -19,8 +19,18 @@
 // with "exec: /cklite-checkpoint-image:requires-runtime-io.containerd.cklite.v2: no such file",
 // and nothing half-restored runs. The cklite shim recognises Marker in Create and restores the
 // checkpoint instead (shim/image_restore.go). The original entrypoint and cmd are kept in the
-// config's labels.
+// config's labels, with the destinations of the checkpointed container's bind mounts: CRIU
+// dumped those as external mounts, so a container without one of them is refused before CRIU
+// fails on it (a CRI checkpoint restores into a CRI pod; ctr's and the Go client's default spec
+// has no bind mounts, nerdctl's three).
 package ckimage
+
+import (
+	"path"
+	"slices"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
 
 const (
 	// MediaTypeCheckpoint is the manifest entry holding the CRIU image directory.
@@ -35,7 +45,22 @@ const (
 	LabelEntrypoint = "io.cklite.checkpoint.entrypoint" // the base config's entrypoint, JSON
 	LabelCmd        = "io.cklite.checkpoint.cmd"        // the base config's cmd, JSON
 	LabelBase       = "io.cklite.checkpoint.base"       // the first image of the chain of checkpoints
+	// LabelBindMounts lists, as JSON, the destinations of the checkpointed container's bind
+	// mounts: CRIU dumped them as external mounts, and a restore must provide each.
+	LabelBindMounts = "io.cklite.checkpoint.bind-mounts"
 )
+
+// BindMounts returns the destinations of spec's bind mounts, sorted.
+func BindMounts(spec *specs.Spec) []string {
+	var dsts []string
+	for _, m := range spec.Mounts {
+		if m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind") {
+			dsts = append(dsts, path.Clean(m.Destination))
+		}
+	}
+	slices.Sort(dsts)
+	return slices.Compact(dsts)
+}
 
 // IsMarker reports whether a process's args are a checkpoint image's entrypoint.
 func IsMarker(args []string) bool {

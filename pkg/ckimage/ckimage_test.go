@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,8 +20,9 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	digest "github.com/opencontainers/go-digest"
-	"github.com/opencontainers/image-spec/specs-go"
+	imagespec "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
@@ -85,7 +87,7 @@ func baseImage(t *testing.T, ctx context.Context, cs content.Store) images.Image
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest, Config: cfgDesc, Layers: []ocispec.Descriptor{layerDesc}}
+	m := ocispec.Manifest{Versioned: imagespec.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest, Config: cfgDesc, Layers: []ocispec.Descriptor{layerDesc}}
 	mDesc, err := writeJSON(ctx, cs, ocispec.MediaTypeImageManifest, m, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -143,10 +145,11 @@ func TestWriteFindExtract(t *testing.T) {
 		t.Errorf("rootfs %+v, history %d: want the base's diff id and the delta's, one history entry", cfg.RootFS, len(cfg.History))
 	}
 
-	blob, err := Find(ctx, cs, "ck", target, platforms.Default())
+	ck, err := Find(ctx, cs, "ck", target, platforms.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
+	blob := ck.Blob
 
 	// A checkpoint of a container restored from the image stacks on its layers, not its CRIU
 	// images, and keeps the original entrypoint.
@@ -289,5 +292,44 @@ func TestPruneCache(t *testing.T) {
 	}
 	if err := PruneCache(filepath.Join(cache, "none"), time.Hour); err != nil {
 		t.Errorf("pruning a missing cache: %v", err)
+	}
+}
+
+func TestCheckMounts(t *testing.T) {
+	cri := &specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/proc", Type: "proc"},
+		{Destination: "/etc/hosts", Type: "bind", Options: []string{"rbind", "ro"}},
+		{Destination: "/dev/shm", Source: "/run/shm", Options: []string{"rbind"}},
+		{Destination: "/etc/hosts/", Type: "bind"},
+	}}
+	if got, want := BindMounts(cri), []string{"/dev/shm", "/etc/hosts"}; !slices.Equal(got, want) {
+		t.Fatalf("BindMounts: %q, want %q", got, want)
+	}
+	plain := &specs.Spec{Mounts: []specs.Mount{{Destination: "/proc", Type: "proc"}, {Destination: "/dev/shm", Type: "tmpfs"}}}
+	for _, tc := range []struct {
+		name        string
+		label       string // "": none
+		spec        *specs.Spec
+		wantMissing string
+	}{
+		{name: "unrecorded", spec: plain},
+		{name: "none dumped", label: `[]`, spec: cri},
+		{name: "same", label: `["/dev/shm","/etc/hosts"]`, spec: cri},
+		{name: "extra in the container", label: `["/etc/hosts"]`, spec: cri},
+		{name: "missing", label: `["/dev/shm","/etc/hosts"]`, spec: plain, wantMissing: "/dev/shm, /etc/hosts"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Checkpoint{Config: ocispec.ImageConfig{Labels: map[string]string{LabelCheckpoint: "abc"}}}
+			if tc.label != "" {
+				c.Config.Labels[LabelBindMounts] = tc.label
+			}
+			err := c.CheckMounts(tc.spec)
+			switch {
+			case tc.wantMissing == "" && err != nil:
+				t.Fatalf("CheckMounts: %v", err)
+			case tc.wantMissing != "" && (err == nil || !strings.Contains(err.Error(), "bind mounts at "+tc.wantMissing+",") || !errdefs.IsFailedPrecondition(err)):
+				t.Fatalf("CheckMounts: %v, want FailedPrecondition naming %s", err, tc.wantMissing)
+			}
+		})
 	}
 }

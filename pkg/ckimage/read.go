@@ -3,11 +3,13 @@ package ckimage
 import (
 	"archive/tar"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
@@ -24,19 +27,58 @@ import (
 // blob digest, shared by every container restored from the same image (a fork).
 const DefaultCacheDir = "/var/lib/cklite/images"
 
-// Find returns the CRIU image blob of the checkpoint image whose manifest (or index) is target.
-// An image without one is errdefs.ErrNotFound.
-func Find(ctx context.Context, cs content.Provider, name string, target ocispec.Descriptor, platform platforms.MatchComparer) (ocispec.Descriptor, error) {
+// Checkpoint is what a restore needs from a checkpoint image.
+type Checkpoint struct {
+	Blob   ocispec.Descriptor // the CRIU images
+	Config ocispec.ImageConfig
+}
+
+// Find returns the checkpoint of the checkpoint image whose manifest (or index) is target. An
+// image without CRIU images is errdefs.ErrNotFound.
+func Find(ctx context.Context, cs content.Provider, name string, target ocispec.Descriptor, platform platforms.MatchComparer) (Checkpoint, error) {
 	m, err := images.Manifest(ctx, cs, target, platform)
 	if err != nil {
-		return ocispec.Descriptor{}, fmt.Errorf("manifest of image %s: %w", name, err)
+		return Checkpoint{}, fmt.Errorf("manifest of image %s: %w", name, err)
 	}
-	for _, l := range m.Layers {
-		if l.MediaType == MediaTypeCheckpoint {
-			return l, nil
+	i := slices.IndexFunc(m.Layers, func(l ocispec.Descriptor) bool { return l.MediaType == MediaTypeCheckpoint })
+	if i < 0 {
+		return Checkpoint{}, fmt.Errorf("image %s is not a cklite checkpoint image: its manifest has no %s entry: %w", name, MediaTypeCheckpoint, errdefs.ErrNotFound)
+	}
+	data, err := content.ReadBlob(ctx, cs, m.Config)
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("config of image %s: %w", name, err)
+	}
+	var cfg ocispec.Image
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return Checkpoint{}, fmt.Errorf("config of image %s: %w", name, err)
+	}
+	return Checkpoint{Blob: m.Layers[i], Config: cfg.Config}, nil
+}
+
+// CheckMounts refuses a restore whose container lacks a bind mount the checkpoint was dumped
+// with: CRIU restores exactly the mounts it dumped, and fails on a missing one with a message
+// naming only a mount id. An image that does not record its mounts passes.
+func (c Checkpoint) CheckMounts(spec *specs.Spec) error {
+	label, ok := c.Config.Labels[LabelBindMounts]
+	if !ok {
+		return nil
+	}
+	var dumped []string
+	if err := json.Unmarshal([]byte(label), &dumped); err != nil {
+		return fmt.Errorf("label %s of the checkpoint image: %w", LabelBindMounts, err)
+	}
+	have := BindMounts(spec)
+	var missing []string
+	for _, d := range dumped {
+		if !slices.Contains(have, d) {
+			missing = append(missing, d)
 		}
 	}
-	return ocispec.Descriptor{}, fmt.Errorf("image %s is not a cklite checkpoint image: its manifest has no %s entry: %w", name, MediaTypeCheckpoint, errdefs.ErrNotFound)
+	if len(missing) > 0 {
+		return fmt.Errorf("checkpoint %s was dumped with bind mounts at %s, which this container lacks: CRIU restores exactly the mounts it dumped, so create the container as the checkpointed one was (a CRI checkpoint in a CRI pod): %w",
+			c.Config.Labels[LabelCheckpoint], strings.Join(missing, ", "), errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 // Extract unpacks the CRIU image blob desc into cache/<digest> unless it is there already, and

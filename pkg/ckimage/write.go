@@ -20,8 +20,9 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	digest "github.com/opencontainers/go-digest"
-	"github.com/opencontainers/image-spec/specs-go"
+	imagespec "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
@@ -40,6 +41,8 @@ type Spec struct {
 	CRIUDir  string       // the CRIU image directory, with cklite.json
 	Meta     checkpoint.Meta
 	Platform platforms.MatchComparer // of Base's manifest; nil: this host's
+	// Spec is the checkpointed container's, when known: its bind mounts are recorded.
+	Spec *specs.Spec
 }
 
 // Write stores the checkpoint image of s in cs (config, CRIU blob, manifest) and returns the
@@ -84,7 +87,7 @@ func Write(ctx context.Context, cs content.Store, s Spec) (ocispec.Descriptor, e
 	}
 	layers = append(layers, criu)
 	m := ocispec.Manifest{
-		Versioned: specs.Versioned{SchemaVersion: 2},
+		Versioned: imagespec.Versioned{SchemaVersion: 2},
 		MediaType: ocispec.MediaTypeImageManifest,
 		Config:    configDesc,
 		Layers:    layers,
@@ -122,6 +125,14 @@ func checkpointConfig(cfg *ocispec.Image, s Spec) error {
 		labels[LabelBase] = s.Base.Name
 	}
 	labels[LabelCheckpoint] = s.Meta.ID
+	delete(labels, LabelBindMounts) // the base's, if a checkpoint image
+	if s.Spec != nil {
+		mounts, err := json.Marshal(BindMounts(s.Spec))
+		if err != nil {
+			return err
+		}
+		labels[LabelBindMounts] = string(mounts)
+	}
 	cfg.Config.Labels = labels
 	cfg.Config.Entrypoint = []string{Marker}
 	cfg.Config.Cmd = nil
