@@ -97,12 +97,7 @@ func testCRIRestore(t *testing.T, mb int, bridge bool) {
 	})
 
 	t.Run("runc refuses", func(t *testing.T) {
-		pod, err := cri.RunPod(ctx, "with-runc", harness.HandlerRunc, !bridge)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cri.RemovePod(context.Background(), pod) })
-		_, err = cri.StartContainer(ctx, pod, pod.Container("restored", ref))
+		_, _, err := startRestorePod(t, cri, "with-runc", harness.HandlerRunc, ref, !bridge)
 		expectErrorNaming(t, err, ckimage.Marker)
 	})
 
@@ -157,6 +152,20 @@ func fileDigest(t *testing.T, rootfs string) string {
 // (its own entrypoint: the marker) and returns its counter.
 func restorePod(t *testing.T, cri *harness.CRI, name, handler, ref string, hostNetwork bool) counter {
 	t.Helper()
+	pod, id, err := startRestorePod(t, cri, name, handler, ref, hostNetwork)
+	if err != nil {
+		t.Fatalf("restoring pod %s from %s: %v%s", name, ref, err, criuErrors(err))
+	}
+	if !hostNetwork {
+		checkPodIP(t, cri, pod, id) // the restored process is in the new pod's network
+	}
+	return newCounter(cri.RootfsPath(id))
+}
+
+// startRestorePod is restorePod up to the start of the container, which it returns with the pod
+// and the error of its creation or start; the pod goes when the test ends.
+func startRestorePod(t *testing.T, cri *harness.CRI, name, handler, ref string, hostNetwork bool) (*harness.Pod, string, error) {
+	t.Helper()
 	ctx := context.Background()
 	start := time.Now()
 	pod, err := cri.RunPod(ctx, name, handler, hostNetwork)
@@ -171,14 +180,10 @@ func restorePod(t *testing.T, cri *harness.CRI, name, handler, ref string, hostN
 	logTiming(t, "RunPodSandbox "+name, start)
 	start = time.Now()
 	id, err := cri.StartContainer(ctx, pod, pod.Container("restored", ref))
-	if err != nil {
-		t.Fatalf("restoring pod %s from %s: %v%s", name, ref, err, criuErrors(err))
+	if err == nil {
+		logTiming(t, "pod restore (CreateContainer + StartContainer) "+name, start)
 	}
-	logTiming(t, "pod restore (CreateContainer + StartContainer) "+name, start)
-	if !hostNetwork {
-		checkPodIP(t, cri, pod, id) // the restored process is in the new pod's network
-	}
-	return newCounter(cri.RootfsPath(id))
+	return pod, id, err
 }
 
 // criuBlob is the CRIU image blob of checkpoint image ref in d's CRI namespace.
