@@ -78,9 +78,9 @@ func TestCRICheckpointContainer(t *testing.T) {
 				times = append(times, time.Since(start))
 
 				files := readArchive(t, archive)
-				for _, name := range append([]string{"checkpoint/inventory.img"}, criArchiveFiles...) {
-					if _, ok := files[name]; !ok {
-						t.Errorf("archive has no %s", name)
+				for _, entry := range append([]string{"checkpoint/inventory.img"}, criArchiveFiles...) {
+					if _, ok := files[entry]; !ok {
+						t.Errorf("archive has no %s", entry)
 					}
 				}
 				diffMB := int(files["rootfs-diff.tar"].size >> 20)
