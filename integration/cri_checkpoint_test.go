@@ -121,7 +121,9 @@ func TestCRICheckpointErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitExited(t, cri, stopped)
+	if err := cri.WaitContainerState(ctx, stopped, runtimeapi.ContainerState_CONTAINER_EXITED, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	// An exec'd process is not in the init's process tree CRIU dumps: cklite refuses (an exec
 	// liveness probe running at the kubelet's checkpoint meets this).
 	execDone := make(chan error, 1)
@@ -248,21 +250,6 @@ func checkCkliteMeta(t *testing.T, d *harness.Daemon, cri *harness.CRI, f archiv
 		t.Errorf("cklite checkpoint ls -q in %s: %q, %v; want %s listed", harness.CRINamespace, ids, err, meta.ID)
 	}
 	return meta
-}
-
-func waitExited(t *testing.T, cri *harness.CRI, id string) {
-	t.Helper()
-	for range 500 {
-		st, err := cri.ContainerState(context.Background(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st == runtimeapi.ContainerState_CONTAINER_EXITED {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("container %s did not exit within 5s", id)
 }
 
 // waitExecRunning waits until a process whose command line is cmdline runs in container id.
