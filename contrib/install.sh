@@ -128,7 +128,7 @@ fetch_criu_tarball() {
 # $CRIU_STAGE$BIN/criu), which stays in the cache: reinstalling the same version skips the build.
 build_criu() {
   CRIU_STAGE=$CACHE/criu/stage-$CRIU_VERSION
-  local key="$CRIU_VERSION $CRIU_SHA256 $PREFIX"
+  local key="$CRIU_VERSION $CRIU_SHA256 $PREFIX $CRIU_RUNDIR"
   if [ "$(cat "$CRIU_STAGE/.built" 2>/dev/null)" = "$key" ] && criu_ok "$CRIU_STAGE$BIN/criu"; then
     CRIU_HOW="from the cached build in $CRIU_STAGE"
     return
@@ -137,8 +137,8 @@ build_criu() {
   fetch_criu_tarball
   rm -rf "$src" "$CRIU_STAGE" && tar -C "$CACHE/criu" -xf "$CRIU_TARBALL"
   [ -d "$src" ] || die "$CRIU_TARBALL did not unpack to $src"
-  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu
-  run_logged "$LOGS/criu.log" make -C "$src" install-criu DESTDIR="$CRIU_STAGE" PREFIX="$PREFIX" SBINDIR="$BIN"
+  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu RUNDIR="$CRIU_RUNDIR"
+  run_logged "$LOGS/criu.log" make -C "$src" install-criu DESTDIR="$CRIU_STAGE" PREFIX="$PREFIX" SBINDIR="$BIN" RUNDIR="$CRIU_RUNDIR"
   rm -rf "$src"
   if ! criu_ok "$CRIU_STAGE$BIN/criu"; then
     "$CRIU_STAGE$BIN/criu" check >&2 || true
@@ -148,8 +148,14 @@ build_criu() {
   CRIU_HOW="built"
 }
 
+# kerndat_ok: a criu built here keeps its kerndat cache in CRIU_RUNDIR (one built before that did not);
+# the host's criu, linked, keeps it where its distribution chose.
+kerndat_ok() {
+  [ -L "$1" ] || grep -qaF "$CRIU_RUNDIR/criu.kdat" "$1"
+}
+
 install_criu() {
-  if criu_ok "$BIN/criu"; then
+  if criu_ok "$BIN/criu" && kerndat_ok "$BIN/criu"; then
     say "criu: $(criu_version "$BIN/criu") at $BIN/criu passes criu check (skipped)"
     return
   fi
@@ -163,7 +169,7 @@ install_criu() {
   fi
   [ -z "$host" ] || say "criu: host's $host is older than $CRIU_MIN_VERSION or fails 'criu check'"
   [ ! -e "$BIN/criu" ] || old=$(criu_version "$BIN/criu")
-  [ -z "$old" ] || say "criu: replacing $old at $BIN/criu (older than $CRIU_MIN_VERSION or fails 'criu check')"
+  [ -z "$old" ] || say "criu: replacing $old at $BIN/criu (older than $CRIU_MIN_VERSION, fails 'criu check', or keeps no kerndat cache in $CRIU_RUNDIR)"
   build_criu
   # The new criu replaces the old one by a rename: a criu that is running keeps its binary.
   cp -a "$CRIU_STAGE$PREFIX/include" "$CRIU_STAGE$PREFIX/libexec" "$PREFIX/"

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -61,7 +62,23 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	if err != nil {
 		return err
 	}
-	return wrap("checkpoint", c.lc.Checkpoint(opts))
+	// CRIU freezes a thawed cgroup v1 by writing FROZEN and polling the state every 100 ms; its
+	// first poll mostly reads FREEZING still, so a dump waited 100 ms for nothing. libcontainer's
+	// freeze polls in microseconds, and CRIU takes a frozen cgroup as it is and leaves it frozen.
+	thaw := !c.Paused()
+	if thaw {
+		if err := c.Pause(); err != nil {
+			return err
+		}
+	}
+	err = wrap("checkpoint", c.lc.Checkpoint(opts))
+	if thaw {
+		// After an exit the processes are gone or going: thawing lets a killed one finish.
+		if rerr := c.Resume(); rerr != nil && err == nil && !o.Exit {
+			err = rerr
+		}
+	}
+	return err
 }
 
 // Restore restores the container from o.ImagePath as p (the new init, whose stdio replaces the
@@ -88,11 +105,15 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 }
 
 // findCRIU checks that libcontainer will find criu, which it runs from PATH: without it
-// libcontainer fails with a bare exec error that does not say what to install.
+// libcontainer fails with a bare exec error that does not say what to install. It also gives
+// CRIU a place to keep its kerndat cache.
 func findCRIU() error {
 	if _, err := exec.LookPath("criu"); err != nil {
 		return fmt.Errorf("CRIU is not installed where the shim looks (PATH %q): install CRIU >= 4 ('make deps' builds one into /opt/cklite/bin): %w: %w",
 			os.Getenv("PATH"), err, errdefs.ErrFailedPrecondition)
+	}
+	if err := KeepKerndatCache(); err != nil {
+		log.L.WithError(err).Warn("CRIU will probe the kernel on every run")
 	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"net"
+	"os"
 	"testing"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
@@ -35,5 +37,39 @@ func TestNameNetNS(t *testing.T) {
 				t.Fatalf("changed %v, path %q; want %v, %q", changed, got, tc.wantChanged, tc.wantPath)
 			}
 		})
+	}
+}
+
+func TestSocketsInUse(t *testing.T) {
+	const sockstat = "sockets: used 48\nTCP: inuse 4 orphan 0 tw 18 alloc 4 mem 350\nUDP: inuse 0 mem 0\n"
+	const sockstat6 = "TCP6: inuse 0\nUDP6: inuse 2\n"
+	for _, tc := range []struct {
+		file, proto string
+		want        int
+		wantErr     bool
+	}{
+		{file: sockstat, proto: "TCP", want: 4},
+		{file: sockstat, proto: "UDP", want: 0},
+		{file: sockstat6, proto: "TCP6", want: 0},
+		{file: sockstat6, proto: "UDP6", want: 2},
+		{file: sockstat6, proto: "TCP", wantErr: true}, // "TCP6:" is not "TCP:"
+		{file: "TCP: inuse x\n", proto: "TCP", wantErr: true},
+	} {
+		n, err := socketsInUse(tc.file, tc.proto)
+		if (err != nil) != tc.wantErr || n != tc.want {
+			t.Errorf("socketsInUse(%q, %s) = %d, %v; want %d (error %v)", tc.file, tc.proto, n, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
+// A listening socket of this process counts in its namespace.
+func TestHasTCPSockets(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if has, err := HasTCPSockets(os.Getpid()); err != nil || !has {
+		t.Fatalf("HasTCPSockets with a listening socket = %v, %v; want true", has, err)
 	}
 }
