@@ -32,28 +32,33 @@ var criArchiveFiles = []string{"rootfs-diff.tar", "spec.dump", "config.dump", "s
 // cklite.json naming a frozen layer that holds the written data, stacked on the previous
 // checkpoint's, so that its rootfs-diff.tar stays empty: the filesystem half cost no walk of the
 // rootfs while the container was paused. runc's diff holds the data. A pod on the CNI bridge keeps
-// its address.
+// its address; in a pod sharing its PID namespace (shareProcessNamespace), where the restore needs
+// the dumped pids back, the pause process reaps the killed ones first.
 func TestCRICheckpointContainer(t *testing.T) {
 	d, cri := startCRI(t)
 	useBridge(t, cri)
 	for _, tc := range []struct {
-		handler string
-		mb      int
-		bridge  bool
+		handler           string
+		mb                int
+		bridge, sharedPID bool
 	}{
-		{harness.HandlerCklite, 0, false},
-		{harness.HandlerCklite, 0, true},
-		{harness.HandlerCklite, 200, false},
-		{harness.HandlerRunc, 0, false},
-		{harness.HandlerRunc, 200, false},
+		{harness.HandlerCklite, 0, false, false},
+		{harness.HandlerCklite, 0, true, false},
+		{harness.HandlerCklite, 0, false, true},
+		{harness.HandlerCklite, 200, false, false},
+		{harness.HandlerRunc, 0, false, false},
+		{harness.HandlerRunc, 200, false, false},
 	} {
 		name := fmt.Sprintf("%s-%dMB", tc.handler, tc.mb)
 		if tc.bridge {
 			name += "-bridge"
 		}
+		if tc.sharedPID {
+			name += "-sharedpid"
+		}
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			pod, id := runCounterPod(t, cri, "ck-"+name, tc.handler, !tc.bridge)
+			pod, id := runCounterPod(t, cri, "ck-"+name, tc.handler, !tc.bridge, tc.sharedPID)
 			c := newCounter(cri.RootfsPath(id))
 			var times []time.Duration
 			var parent string
@@ -73,9 +78,9 @@ func TestCRICheckpointContainer(t *testing.T) {
 				times = append(times, time.Since(start))
 
 				files := readArchive(t, archive)
-				for _, name := range append([]string{"checkpoint/inventory.img"}, criArchiveFiles...) {
-					if _, ok := files[name]; !ok {
-						t.Errorf("archive has no %s", name)
+				for _, entry := range append([]string{"checkpoint/inventory.img"}, criArchiveFiles...) {
+					if _, ok := files[entry]; !ok {
+						t.Errorf("archive has no %s", entry)
 					}
 				}
 				diffMB := int(files["rootfs-diff.tar"].size >> 20)
@@ -111,12 +116,14 @@ func TestCRICheckpointContainer(t *testing.T) {
 func TestCRICheckpointErrors(t *testing.T) {
 	d, cri := startCRI(t)
 	ctx := context.Background()
-	pod, running := runCounterPod(t, cri, "ck-errors", harness.HandlerCklite, true)
+	pod, running := runCounterPod(t, cri, "ck-errors", harness.HandlerCklite, true, false)
 	stopped, err := cri.StartContainer(ctx, pod, pod.Container("stopped", busybox.Name, "true"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitExited(t, cri, stopped)
+	if err := cri.WaitContainerState(ctx, stopped, runtimeapi.ContainerState_CONTAINER_EXITED, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	// An exec'd process is not in the init's process tree CRIU dumps: cklite refuses (an exec
 	// liveness probe running at the kubelet's checkpoint meets this).
 	execDone := make(chan error, 1)
@@ -154,11 +161,19 @@ func TestCRICheckpointErrors(t *testing.T) {
 }
 
 // runCounterPod runs a pod with the handler whose one container runs the counter workload after a
-// line on stdout (so its container.log is not empty).
-func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string, hostNetwork bool) (*harness.Pod, string) {
+// line on stdout (so its container.log is not empty); sharedPID shares the pod's PID namespace
+// among its containers and the pause process.
+func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string, hostNetwork, sharedPID bool) (*harness.Pod, string) {
 	t.Helper()
 	ctx := context.Background()
-	pod, err := cri.RunPod(ctx, name, handler, hostNetwork)
+	cfg, err := cri.PodConfig(name, hostNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sharedPID {
+		cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().Pid = runtimeapi.NamespaceMode_POD
+	}
+	pod, err := cri.RunPodConfig(ctx, cfg, handler)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,21 +250,6 @@ func checkCkliteMeta(t *testing.T, d *harness.Daemon, cri *harness.CRI, f archiv
 		t.Errorf("cklite checkpoint ls -q in %s: %q, %v; want %s listed", harness.CRINamespace, ids, err, meta.ID)
 	}
 	return meta
-}
-
-func waitExited(t *testing.T, cri *harness.CRI, id string) {
-	t.Helper()
-	for range 500 {
-		st, err := cri.ContainerState(context.Background(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st == runtimeapi.ContainerState_CONTAINER_EXITED {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("container %s did not exit within 5s", id)
 }
 
 // waitExecRunning waits until a process whose command line is cmdline runs in container id.

@@ -229,6 +229,17 @@ func (c *CRI) ContainerState(ctx context.Context, id string) (runtimeapi.Contain
 	return st.GetStatus().GetState(), nil
 }
 
+// WaitContainerState waits up to timeout until container id is in state.
+func (c *CRI) WaitContainerState(ctx context.Context, id string, state runtimeapi.ContainerState, timeout time.Duration) error {
+	return c.d.ctrd.waitReady(timeout, func() error {
+		got, err := c.ContainerState(ctx, id)
+		if err == nil && got != state {
+			err = fmt.Errorf("container %s is %v, waiting for %v", id, got, state)
+		}
+		return err
+	})
+}
+
 // RemovePod stops the pod and removes it with its containers, as the kubelet does when a pod is
 // deleted.
 func (c *CRI) RemovePod(ctx context.Context, pod *Pod) error {

@@ -61,13 +61,15 @@ var (
 		config: ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"python3"}},
 		build:  buildSandbox,
 	}
-	// pause holds a pod's namespaces for the CRI plugin (its sandbox image). busybox's sleep
-	// does what Kubernetes' pause binary does for a pod that shares no PID namespace: nothing,
-	// until killed; a pod's sandbox is stopped with SIGKILL.
+	// pause holds a pod's namespaces for the CRI plugin (its sandbox image), doing what
+	// Kubernetes' pause binary does: nothing, but reap. In a pod that shares its PID namespace,
+	// pause is PID 1 there and the parent of every orphan, containers' inits included: a zombie it
+	// left would keep its pid taken, and CRIU could not restore a process with that pid. busybox
+	// ash waits for any child while it waits for its sleep. A pod's sandbox is stopped with SIGKILL.
 	pause = recipe{
 		key:    "pause",
 		name:   PauseName,
-		config: ocispec.ImageConfig{Env: []string{defaultPath}, Entrypoint: []string{"/bin/sleep", "infinity"}},
+		config: ocispec.ImageConfig{Env: []string{defaultPath}, Entrypoint: []string{"/bin/sh", "-c", "while :; do sleep 3600 & wait $!; done"}},
 		build:  buildBusybox,
 	}
 )
