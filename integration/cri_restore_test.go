@@ -50,7 +50,7 @@ func testCRIRestore(t *testing.T, mb int, bridge bool) {
 		useBridge(t, cri)
 	}
 	ctx := context.Background()
-	_, id := runCounterPod(t, cri, "ck-source", harness.HandlerCklite, !bridge)
+	_, id := runCounterPod(t, cri, "ck-source", harness.HandlerCklite, !bridge, false)
 	c := newCounter(cri.RootfsPath(id))
 	writeMarks(t, c.Rootfs, "cri")
 	var data string
