@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,7 +17,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/integration/workload"
 	"github.com/cklite/cklite/pkg/ckimage"
+	"github.com/cklite/cklite/pkg/localimage"
 )
 
 // TestCRIRestore restores a pod from a checkpoint image with stock containerd's CRI, as the
@@ -216,4 +219,77 @@ func waitCRIImage(t *testing.T, cri *harness.CRI, ref string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("CRI does not list %s 10s after its export", ref)
+}
+
+// pythonHolder starts a python3 child holding 256 MiB of random bytes (incompressible: the worst
+// case for the checkpoint image), then runs the counter.
+const pythonHolder = `python3 -c 'import os, time; b = bytearray(os.urandom(256 << 20)); open("/tmp/py", "w").write("holding"); time.sleep(1e9)' & ` +
+	`while [ ! -e /tmp/py ]; do sleep 0.1; done; `
+
+// TestCRIRestoreSandbox is TestCRIRestore's pod restore for the agent sandbox: Debian with
+// python3, a python process holding 256 MiB, through the registry to a second containerd.
+func TestCRIRestoreSandbox(t *testing.T) {
+	ctx := context.Background()
+	sandbox, err := localimage.Sandbox(ctx, localimage.CacheDir(), os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, cri := startCRI(t)
+	if err := cri.ImportImage(ctx, sandbox); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := cri.RunPod(ctx, "sandbox-source", harness.HandlerCklite, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cri.RemovePod(context.Background(), pod) })
+	id, err := cri.StartContainer(ctx, pod, pod.Container("agent", sandbox.Name, "sh", "-c", pythonHolder+workload.CounterScript))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCounter(cri.RootfsPath(id))
+	writeMarkFiles(t, c.Rootfs, "sandbox")
+	at := c.advance(t, 5)
+	archive := filepath.Join(d.Dir, "sandbox.tar")
+	start := time.Now()
+	if _, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
+		t.Fatal(err)
+	}
+	logTiming(t, "CRI CheckpointContainer, python holding 256 MiB", start)
+
+	ref := registry.Addr + "/cklite/sandbox-checkpoint:" + randomTag()
+	start = time.Now()
+	cklite(t, d, "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref, archive)
+	logTiming(t, "cklite checkpoint export", start)
+	start = time.Now()
+	nerdctl(t, d, "-n", harness.CRINamespace, "push", "--quiet", ref)
+	logTiming(t, "nerdctl push (sandbox layers and checkpoint)", start)
+	blob := criuBlob(t, d, ref)
+	t.Logf("CRIU images: %d bytes compressed", blob.Size)
+	clearCache(t, blob)
+	expectAgent := func(t *testing.T, cri *harness.CRI, rc counter) {
+		t.Helper()
+		got, err := readMarks(rc.Rootfs)
+		if err != nil || !maps.Equal(got, wantMarks("sandbox")) {
+			t.Fatalf("marks of the restored pod: %v, %v; want %v", got, err, wantMarks("sandbox"))
+		}
+		rc.expectRestored(t, at)
+	}
+
+	waitCRIImage(t, cri, ref)
+	expectAgent(t, cri, restorePod(t, cri, "sandbox-restored", harness.HandlerCklite, ref, true))
+
+	d2 := startDaemon(t, harness.Config{CkliteSnapshotter: true})
+	cri2, err := d2.CRI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cri2.Close() })
+	start = time.Now()
+	if _, err := cri2.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+		t.Fatal(err)
+	}
+	logTiming(t, "CRI PullImage on a fresh containerd (sandbox layers and checkpoint)", start)
+	clearCache(t, blob)
+	expectAgent(t, cri2, restorePod(t, cri2, "sandbox-migrated", harness.HandlerCklite, ref, true))
 }

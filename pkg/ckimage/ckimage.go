@@ -10,7 +10,7 @@
 //     own delta. The chain exists only on the host that took the checkpoint, so that is where a
 //     checkpoint is exported (a CRI archive's rootfs-diff.tar holds nothing for a cklite
 //     checkpoint: the rw layer is frozen before containerd diffs it);
-//   - one blob of MediaTypeCheckpoint: an uncompressed tar of the CRIU image directory,
+//   - one blob of MediaTypeCheckpoint: a zstd-compressed tar of the CRIU image directory,
 //     cklite.json included. It is not a layer type, so containerd's unpacker fetches it but
 //     never applies it, and the config's rootfs.diff_ids list only the real layers.
 //
@@ -34,7 +34,7 @@ import (
 
 const (
 	// MediaTypeCheckpoint is the manifest entry holding the CRIU image directory.
-	MediaTypeCheckpoint = "application/vnd.cklite.checkpoint.v1.tar"
+	MediaTypeCheckpoint = "application/vnd.cklite.checkpoint.v1.tar+zstd"
 	// Marker is the entrypoint of a checkpoint image.
 	Marker = "/cklite-checkpoint-image:requires-runtime-io.containerd.cklite.v2"
 )

@@ -2,6 +2,7 @@ package ckimage
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -161,15 +163,25 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 	}
 	defer ra.Close()
 	verifier := desc.Digest.Verifier()
-	r := io.TeeReader(content.NewReader(ra), verifier)
+	// Large reads: through containerd's content proxy each read is a request.
+	raw := io.TeeReader(bufio.NewReaderSize(content.NewReader(ra), 4<<20), verifier)
+	r, err := compression.DecompressStream(raw)
+	if err != nil {
+		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %v: %w", desc.Digest, err, errdefs.ErrDataLoss)
+	}
+	defer r.Close()
 	if err := untar(r, dir); err != nil {
 		if errdefs.IsNotFound(err) { // known to containerd's metadata, gone from the disk
 			return missing(desc, err)
 		}
 		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %v: %w", desc.Digest, err, errdefs.ErrDataLoss)
 	}
-	// The rest of the blob (tar padding) counts for the digest too.
+	// The rest of the blob (tar padding, the end of the compressed stream) counts for the
+	// digest too.
 	if _, err := io.Copy(io.Discard, r); err != nil {
+		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %v: %w", desc.Digest, err, errdefs.ErrDataLoss)
+	}
+	if _, err := io.Copy(io.Discard, raw); err != nil {
 		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
 	}
 	if !verifier.Verified() {

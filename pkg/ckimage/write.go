@@ -17,6 +17,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	digest "github.com/opencontainers/go-digest"
@@ -161,8 +162,8 @@ func writeJSON(ctx context.Context, cs content.Store, mediaType string, v any, l
 	return desc, nil
 }
 
-// writeDirTar stores the files of dir as an uncompressed tar of MediaTypeCheckpoint. The tar is
-// reproducible (sorted, no times, no owners), so exporting one checkpoint twice yields one blob.
+// writeDirTar stores the files of dir as a zstd-compressed tar of MediaTypeCheckpoint. The tar
+// is reproducible (sorted, no times, no owners).
 func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec.Descriptor, error) {
 	if _, err := checkpoint.Read(dir); err != nil {
 		return ocispec.Descriptor{}, err
@@ -179,14 +180,23 @@ func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec
 		return ocispec.Descriptor{}, err
 	}
 	cw := &countingWriter{w: w}
-	if err := tarDir(cw, dir); err != nil {
+	// Memory pages compress well (zero pages, heaps) and zstd keeps up with the disk.
+	zw, err := compression.CompressStream(cw, compression.Zstd)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if err := tarDir(zw, dir); err != nil {
+		zw.Close()
 		return ocispec.Descriptor{}, fmt.Errorf("tar CRIU images of %s: %w", dir, err)
+	}
+	if err := zw.Close(); err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("compress CRIU images of %s: %w", dir, err)
 	}
 	desc := ocispec.Descriptor{
 		MediaType:   MediaTypeCheckpoint,
 		Digest:      w.Digest(),
 		Size:        cw.n,
-		Annotations: map[string]string{ocispec.AnnotationTitle: "checkpoint.tar"},
+		Annotations: map[string]string{ocispec.AnnotationTitle: "checkpoint.tar.zst"},
 	}
 	if err := w.Commit(ctx, cw.n, desc.Digest); err != nil && !errdefs.IsAlreadyExists(err) {
 		return ocispec.Descriptor{}, fmt.Errorf("commit CRIU image blob: %w", err)
