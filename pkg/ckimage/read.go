@@ -166,6 +166,9 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 	// Large reads: through containerd's content proxy each read is a request.
 	raw := io.TeeReader(bufio.NewReaderSize(content.NewReader(ra), 4<<20), verifier)
 	r, err := compression.DecompressStream(raw)
+	if errdefs.IsNotFound(err) { // known to containerd's metadata, gone from the disk
+		return missing(desc, err)
+	}
 	if err != nil {
 		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %v: %w", desc.Digest, err, errdefs.ErrDataLoss)
 	}
