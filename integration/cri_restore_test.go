@@ -278,6 +278,8 @@ func TestCRIRestoreSandbox(t *testing.T) {
 
 	waitCRIImage(t, cri, ref)
 	expectAgent(t, cri, restorePod(t, cri, "sandbox-restored", harness.HandlerCklite, ref, true))
+	// A fork finds the CRIU images extracted.
+	expectAgent(t, cri, restorePod(t, cri, "sandbox-fork", harness.HandlerCklite, ref, true))
 
 	d2 := startDaemon(t, harness.Config{CkliteSnapshotter: true})
 	cri2, err := d2.CRI(ctx)
