@@ -5,11 +5,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/cklite/cklite/pkg/localimage"
 )
 
 // containerdConfig renders the daemon's config (version 3, which containerd 2.x migrates on load).
 // The cklite runtime handler for CRI is always present, the cklite proxy snapshotter only when it
-// runs; for ctr, nerdctl and the Go client the runtime name io.containerd.cklite.v2 resolves to the
+// runs; CRI's sandbox image is the locally built pause image (Daemon.CRI imports it); for ctr, nerdctl and the Go client the runtime name io.containerd.cklite.v2 resolves to the
 // shim binary on the daemon's PATH, so nothing else is needed to register it.
 func (d *Daemon) containerdConfig() string {
 	level := d.cfg.LogLevel
@@ -37,22 +39,34 @@ imports = []
     snapshotter = 'overlayfs'
     [plugins.'io.containerd.cri.v1.images'.registry]
       config_path = %q
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = %q
 
   [plugins.'io.containerd.cri.v1.runtime']
     enable_criu = true
+    # These VMs deny CAP_SYS_RESOURCE even to root, so a pod sandbox's oom_score_adj (-998)
+    # cannot be set: clamp it to containerd's own.
+    restrict_oom_score_adj = true
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = [%q]
       conf_dir = %q
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.cklite]
       runtime_type = %q
+      pod_annotations = ['cklite.io/*']
 `, d.Root, d.State, filepath.Join(d.Dir, "tmp"), d.Address, d.Address+".ttrpc", level,
-		d.HostsDir, d.stack.CNIBin, filepath.Join(d.Dir, "cni", "net.d"), CkliteRuntime)
+		d.HostsDir, localimage.PauseName, d.stack.CNIBin, filepath.Join(d.Dir, "cni", "net.d"), CkliteRuntime)
+	if d.SnapshotterAddress != "" {
+		b.WriteString("      snapshotter = 'cklite'\n")
+	}
+	// What contrib/kubernetes/containerd-cri.toml sets: the shim gets it as runtimeoptions.
+	b.WriteString(`      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.cklite.options]
+        SystemdCgroup = false
+`)
 	if d.SnapshotterAddress != "" {
 		// The transfer service (ctr pull, ctr images import) unpacks only into the snapshotters
 		// its unpack_config lists; naming cklite replaces the default list, so overlayfs is
 		// listed again.
-		fmt.Fprintf(&b, `      snapshotter = 'cklite'
-
+		fmt.Fprintf(&b, `
   [plugins.'io.containerd.transfer.v1.local']
     [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
       platform = 'linux/%[2]s'

@@ -235,10 +235,14 @@ func (d *Daemon) Nerdctl(ctx context.Context, args ...string) (string, error) {
 // Cklite runs the project's cklite CLI against the daemon in its namespace and returns its
 // standard output.
 func (d *Daemon) Cklite(ctx context.Context, args ...string) (string, error) {
+	return d.cklite(ctx, d.Namespace, args...)
+}
+
+func (d *Daemon) cklite(ctx context.Context, namespace string, args ...string) (string, error) {
 	if !d.stack.Has("cklite") {
 		return "", fmt.Errorf("cklite not built in %s: run 'make build'", d.stack.ProjectBin)
 	}
-	return d.run(ctx, "cklite", append([]string{"--address", d.Address, "-n", d.Namespace}, args...)...)
+	return d.run(ctx, "cklite", append([]string{"--address", d.Address, "-n", namespace}, args...)...)
 }
 
 // ProjectBinary is the path of cklite's binary name (bin/name of this checkout).
@@ -347,6 +351,8 @@ func (d *Daemon) FIFODir() string { return filepath.Join(d.Dir, "fifo") }
 
 // RootfsPath is where the shim mounts container id's root filesystem (<bundle>/rootfs), visible
 // from the host: tests read and write a container's files there, even while it is paused.
-func (d *Daemon) RootfsPath(id string) string {
-	return filepath.Join(d.State, "io.containerd.runtime.v2.task", d.Namespace, id, "rootfs")
+func (d *Daemon) RootfsPath(id string) string { return d.rootfsPath(d.Namespace, id) }
+
+func (d *Daemon) rootfsPath(namespace, id string) string {
+	return filepath.Join(d.State, "io.containerd.runtime.v2.task", namespace, id, "rootfs")
 }

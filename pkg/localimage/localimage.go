@@ -61,7 +61,22 @@ var (
 		config: ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"python3"}},
 		build:  buildSandbox,
 	}
+	// pause holds a pod's namespaces for the CRI plugin (its sandbox image), doing what
+	// Kubernetes' pause binary does: nothing, but reap. In a pod that shares its PID namespace,
+	// pause is PID 1 there and the parent of every orphan, containers' inits included: a zombie it
+	// left would keep its pid taken, and CRIU could not restore a process with that pid. busybox
+	// ash waits for any child while it waits for its sleep. A pod's sandbox is stopped with SIGKILL.
+	pause = recipe{
+		key:    "pause",
+		name:   PauseName,
+		config: ocispec.ImageConfig{Env: []string{defaultPath}, Entrypoint: []string{"/bin/sh", "-c", "while :; do sleep 3600 & wait $!; done"}},
+		build:  buildBusybox,
+	}
 )
+
+// PauseName is the reference of the pause image (see Pause), which a CRI configuration names as
+// its sandbox image.
+const PauseName = "localhost/cklite/pause:latest"
 
 // Busybox returns the busybox image (a static busybox with its applet links), building it first
 // when the cache does not hold it; progress gets a line when a build starts.
@@ -73,6 +88,12 @@ func Busybox(ctx context.Context, cacheDir string, progress io.Writer) (Image, e
 // first when the cache does not hold it. The first build runs debootstrap and takes a minute or two.
 func Sandbox(ctx context.Context, cacheDir string, progress io.Writer) (Image, error) {
 	return get(ctx, cacheDir, sandbox, progress)
+}
+
+// Pause returns the pod sandbox image for the CRI plugin: busybox sleeping forever, building it
+// first when the cache does not hold it.
+func Pause(ctx context.Context, cacheDir string, progress io.Writer) (Image, error) {
+	return get(ctx, cacheDir, pause, progress)
 }
 
 func get(ctx context.Context, cacheDir string, r recipe, progress io.Writer) (Image, error) {
