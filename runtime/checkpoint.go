@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -65,6 +67,7 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	// CRIU freezes a thawed cgroup v1 by writing FROZEN and polling the state every 100 ms; its
 	// first poll mostly reads FREEZING still, so a dump waited 100 ms for nothing. libcontainer's
 	// freeze polls in microseconds, and CRIU takes a frozen cgroup as it is and leaves it frozen.
+	c.waitUserExec(time.Second)
 	thaw := !c.Paused()
 	if thaw {
 		if err := c.Pause(); err != nil {
@@ -102,6 +105,23 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 	}
 	c.lc = lc
 	return nil
+}
+
+// initComm is the name libcontainer's init goes by until it execs the user's program.
+const initComm = "runc:[2:INIT]"
+
+// waitUserExec waits, up to limit, for init to exec the user's program. A task Start returns
+// once libcontainer's init may exec, not once it has: a task checkpointed right after its start
+// could be frozen still running the shim binary, mapped from outside the container's mounts,
+// which CRIU cannot dump ("Can't lookup mount ... path=/containerd-shim-cklite-v2").
+func (c *Container) waitUserExec(limit time.Duration) {
+	comm := fmt.Sprintf("/proc/%d/comm", c.InitPid())
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+		b, err := os.ReadFile(comm)
+		if err != nil || strings.TrimSpace(string(b)) != initComm {
+			return
+		}
+	}
 }
 
 // findCRIU checks that libcontainer will find criu, which it runs from PATH: without it
