@@ -64,25 +64,10 @@ func testCRIRestore(t *testing.T, mb int, bridge bool) {
 		data = fileDigest(t, c.Rootfs)
 	}
 	at := c.advance(t, 5)
-	archive := filepath.Join(d.Dir, "source.tar")
-	start := time.Now()
-	if _, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
-		t.Fatal(err)
-	}
-	logTiming(t, "CRI CheckpointContainer", start)
+	archive := checkpointPod(t, d, cri, id)
 	changeMarks(t, c.Rootfs, "cri")
 	c.advance(t, 3)
-
-	ref := registry.Addr + "/cklite/cri-checkpoint:" + randomTag()
-	start = time.Now()
-	cklite(t, d, "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref, archive)
-	logTiming(t, "cklite checkpoint export of the CRI archive", start)
-	start = time.Now()
-	nerdctl(t, d, "-n", harness.CRINamespace, "push", "--quiet", ref)
-	logTiming(t, "nerdctl push of the checkpoint image", start)
-	waitCRIImage(t, cri, ref)
-	blob := criuBlob(t, d, ref)
-	clearCache(t, blob)
+	ref, blob := exportAndPush(t, d, cri, archive, "cri-checkpoint")
 	expectRestored := func(t *testing.T, rc counter) {
 		t.Helper()
 		if mb > 0 {
@@ -115,21 +100,7 @@ func testCRIRestore(t *testing.T, mb int, bridge bool) {
 	})
 
 	t.Run("another containerd", func(t *testing.T) {
-		d2 := startDaemon(t, harness.Config{CkliteSnapshotter: true})
-		cri2, err := d2.CRI(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cri2.Close() })
-		if bridge {
-			useBridge(t, cri2)
-		}
-		start := time.Now()
-		if _, err := cri2.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-			t.Fatal(err)
-		}
-		logTiming(t, "CRI PullImage of the checkpoint image, fresh containerd", start)
-		clearCache(t, blob) // this node's shim extracts its own copy
+		d2, cri2 := pullOnFreshNode(t, ref, blob, bridge)
 		// The archive alone cannot be exported here: the files are in the source's frozen layers.
 		ckliteFails(t, d2, "frozen layer", "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref+"-again", archive)
 		expectRestored(t, restorePod(t, cri2, "migrated", harness.HandlerCklite, ref, !bridge))
@@ -187,6 +158,62 @@ func startRestorePod(t *testing.T, cri *harness.CRI, name, handler, ref string, 
 		logTiming(t, "pod restore (CreateContainer + StartContainer) "+name, start)
 	}
 	return pod, id, err
+}
+
+// checkpointPod checkpoints CRI container id with CheckpointContainer, as the kubelet does, and
+// returns the archive.
+func checkpointPod(t *testing.T, d *harness.Daemon, cri *harness.CRI, id string) string {
+	t.Helper()
+	archive := filepath.Join(d.Dir, "checkpoint-"+randomTag()+".tar")
+	start := time.Now()
+	if _, err := cri.Runtime.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
+		t.Fatal(err)
+	}
+	logTiming(t, "CRI CheckpointContainer", start)
+	return archive
+}
+
+// exportAndPush exports the checkpoint archive as an image of the registry's repository repo,
+// pushes it with nerdctl and waits until CRI lists it. It returns the image and its CRIU blob,
+// whose extracted copy goes when the test ends.
+func exportAndPush(t *testing.T, d *harness.Daemon, cri *harness.CRI, archive, repo string) (string, ocispec.Descriptor) {
+	t.Helper()
+	ref := registry.Addr + "/cklite/" + repo + ":" + randomTag()
+	start := time.Now()
+	cklite(t, d, "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref, archive)
+	logTiming(t, "cklite checkpoint export of the CRI archive", start)
+	start = time.Now()
+	nerdctl(t, d, "-n", harness.CRINamespace, "push", "--quiet", ref)
+	logTiming(t, "nerdctl push of the checkpoint image", start)
+	waitCRIImage(t, cri, ref)
+	blob := criuBlob(t, d, ref)
+	t.Logf("CRIU images: %d bytes compressed", blob.Size)
+	clearCache(t, blob)
+	return ref, blob
+}
+
+// pullOnFreshNode starts a second containerd with nothing but the pause image, pulls checkpoint
+// image ref through CRI, as a kubelet would, and removes the extracted copy of its CRIU blob, so
+// that the node's shim extracts its own. bridge gives its pods a CNI bridge.
+func pullOnFreshNode(t *testing.T, ref string, blob ocispec.Descriptor, bridge bool) (*harness.Daemon, *harness.CRI) {
+	t.Helper()
+	ctx := context.Background()
+	d := startDaemon(t, harness.Config{CkliteSnapshotter: true})
+	cri, err := d.CRI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cri.Close() })
+	if bridge {
+		useBridge(t, cri)
+	}
+	start := time.Now()
+	if _, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+		t.Fatal(err)
+	}
+	logTiming(t, "CRI PullImage of the checkpoint image, fresh containerd", start)
+	clearCache(t, blob)
+	return d, cri
 }
 
 // criuBlob is the CRIU image blob of checkpoint image ref in d's CRI namespace.
@@ -250,23 +277,7 @@ func TestCRIRestoreSandbox(t *testing.T) {
 	c := newCounter(cri.RootfsPath(id))
 	writeMarkFiles(t, c.Rootfs, "sandbox")
 	at := c.advance(t, 5)
-	archive := filepath.Join(d.Dir, "sandbox.tar")
-	start := time.Now()
-	if _, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
-		t.Fatal(err)
-	}
-	logTiming(t, "CRI CheckpointContainer, python holding 256 MiB", start)
-
-	ref := registry.Addr + "/cklite/sandbox-checkpoint:" + randomTag()
-	start = time.Now()
-	cklite(t, d, "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref, archive)
-	logTiming(t, "cklite checkpoint export", start)
-	start = time.Now()
-	nerdctl(t, d, "-n", harness.CRINamespace, "push", "--quiet", ref)
-	logTiming(t, "nerdctl push (sandbox layers and checkpoint)", start)
-	blob := criuBlob(t, d, ref)
-	t.Logf("CRIU images: %d bytes compressed", blob.Size)
-	clearCache(t, blob)
+	ref, blob := exportAndPush(t, d, cri, checkpointPod(t, d, cri, id), "sandbox-checkpoint")
 	expectAgent := func(t *testing.T, cri *harness.CRI, rc counter) {
 		t.Helper()
 		got, err := readMarks(rc.Rootfs)
@@ -276,22 +287,10 @@ func TestCRIRestoreSandbox(t *testing.T) {
 		rc.expectRestored(t, at)
 	}
 
-	waitCRIImage(t, cri, ref)
 	expectAgent(t, cri, restorePod(t, cri, "sandbox-restored", harness.HandlerCklite, ref, true))
 	// A fork finds the CRIU images extracted.
 	expectAgent(t, cri, restorePod(t, cri, "sandbox-fork", harness.HandlerCklite, ref, true))
 
-	d2 := startDaemon(t, harness.Config{CkliteSnapshotter: true})
-	cri2, err := d2.CRI(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cri2.Close() })
-	start = time.Now()
-	if _, err := cri2.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
-	logTiming(t, "CRI PullImage on a fresh containerd (sandbox layers and checkpoint)", start)
-	clearCache(t, blob)
+	_, cri2 := pullOnFreshNode(t, ref, blob, false)
 	expectAgent(t, cri2, restorePod(t, cri2, "sandbox-migrated", harness.HandlerCklite, ref, true))
 }
