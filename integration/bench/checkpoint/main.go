@@ -27,8 +27,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -44,38 +42,14 @@ const (
 	probePackage      = "github.com/cklite/cklite/integration/bench/checkpoint/probe"
 )
 
-type options struct {
-	out                string
-	memMB, rootfsMB    []int
-	forks              []int
-	checkpoints, rolls int
-}
-
 func main() {
-	var o options
-	var mem, rootfs, forks string
-	flag.StringVar(&o.out, "out", "", "results `DIR` (default bench-results/TIME)")
-	flag.StringVar(&mem, "mem-mb", "256", "comma-separated `SIZES` of held memory for the memory workload (0 is the idle workload)")
-	flag.StringVar(&rootfs, "rootfs-mb", "200", "comma-separated `SIZES` written to the rootfs for the filesystem workload (0 is the idle workload)")
-	flag.StringVar(&forks, "forks", "1,10", "comma-separated fan-out `COUNTS`")
-	flag.IntVar(&o.checkpoints, "checkpoints", 8, "checkpoints per workload and system")
-	flag.IntVar(&o.rolls, "rollbacks", 4, "rollbacks per workload and system")
-	flag.Parse()
-	var err error
-	if o.memMB, err = parseList("-mem-mb", mem); err == nil {
-		if o.rootfsMB, err = parseList("-rootfs-mb", rootfs); err == nil {
-			o.forks, err = parseList("-forks", forks)
-		}
-	}
-	if err == nil && (o.checkpoints < 1 || o.rolls < 1) {
-		err = errors.New("-checkpoints and -rollbacks: want at least 1")
+	o, err := parseOptions(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(2)
-	}
-	if o.out == "" {
-		o.out = filepath.Join("bench-results", time.Now().Format("20060102-150405"))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -85,27 +59,14 @@ func main() {
 	}
 }
 
-func parseList(name, s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("%s %q: want non-negative numbers, such as 0,256", name, s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
-}
-
 // env is what every workload needs: the daemon, its client context, the image.
 type env struct {
 	d       *harness.Daemon
 	ctx     context.Context // in the daemon's namespace
-	img     client.Image
+	img     client.Image    // busybox with the probe
+	sandbox client.Image    // the debootstrap + python3 sandbox, for the python agent
 	started time.Time
+	snapPID int // cklite-snapshotter's, found on first use
 }
 
 // progress prints a line with the time since the benchmark started.
@@ -136,33 +97,33 @@ func run(ctx context.Context, o options) (retErr error) {
 	if e.img, err = e.buildImage(bb, filepath.Join(d.Dir, "bench-image")); err != nil {
 		return err
 	}
+	if o.needsSandbox() {
+		e.progress("importing the python sandbox image into both snapshotters")
+		sb, err := localimage.Sandbox(ctx, localimage.CacheDir(), os.Stderr)
+		if err != nil {
+			return err
+		}
+		if e.sandbox, err = d.ImportUnpacked(e.ctx, sb, ckliteSnapshotter, "overlayfs"); err != nil {
+			return err
+		}
+	}
 	version, err := d.Client().Version(e.ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("cklite bench (quick): containerd %s in %s, CRIU %s\n  cklite: %s on cklite-snapshotter\n  stock:  %s on overlayfs\n"+
+	fmt.Printf("cklite bench (%s): containerd %s in %s, CRIU %s\n  cklite: %s on cklite-snapshotter\n  stock:  %s on overlayfs\n"+
 		"  %d checkpoints and %d rollbacks per workload and system; systems take turns\n\n",
-		version.Version, d.Dir, criu, harness.CkliteRuntime, runcRuntime, o.checkpoints, o.rolls)
+		o.mode, version.Version, d.Dir, criu, harness.CkliteRuntime, runcRuntime, o.checkpoints, o.rolls)
 
-	all := []series{{workload: "idle", param: "busybox counter"}}
-	for _, mb := range o.memMB {
-		if mb > 0 {
-			all = append(all, series{workload: "memory", param: fmt.Sprintf("%d MB", mb), memMB: mb})
-		}
-	}
-	for _, mb := range o.rootfsMB {
-		if mb > 0 {
-			all = append(all, series{workload: "filesystem", param: fmt.Sprintf("%d MB + 1 MB/ckpt", mb), rootfsMB: mb})
-		}
-	}
-	results := map[series]map[string]*measured{}
+	all := o.series()
+	res := map[series]map[string]*measured{}
 	for _, s := range all {
 		e.progress("=== %s: %s ===", s.workload, s.param)
 		r, err := e.runSeries(s, o.checkpoints, o.rolls)
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", s.workload, s.param, err)
 		}
-		results[s] = r
+		res[s] = r
 	}
 	var fanout map[int]map[string]*measured
 	if len(o.forks) > 0 {
@@ -171,8 +132,15 @@ func run(ctx context.Context, o options) (retErr error) {
 			return fmt.Errorf("fan-out: %w", err)
 		}
 	}
+	var tree map[string]*measured
+	if o.tree.expansions > 0 {
+		e.progress("=== tree search: %d expansions, %d rollbacks, depth %d ===", o.tree.expansions, o.tree.rollbacks, o.tree.maxDepth)
+		if tree, err = e.runTree(o.tree); err != nil {
+			return fmt.Errorf("tree search: %w", err)
+		}
+	}
 	took := time.Since(started)
-	return writeResults(o, all, results, fanout, took)
+	return writeResults(o, results{series: all, bySeries: res, fanout: fanout, tree: tree}, took)
 }
 
 // buildImage builds the probe static and the busybox image with it as /usr/local/bin/probe, and

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -8,21 +9,30 @@ import (
 	"github.com/cklite/cklite/integration/workload"
 )
 
-// series is one configuration of the checkpoint/rollback workloads: idle, memory or filesystem.
+// series is one configuration of the checkpoint/rollback workloads: idle, memory, filesystem or
+// agent sandbox.
 type series struct {
-	workload string // "idle", "memory", "filesystem"
+	workload string // "idle", "memory", "filesystem", "agent"
 	param    string // what the table shows next to it
-	memMB    int    // memory the probe holds
-	rootfsMB int    // data written to the rootfs before the first checkpoint
+	agent    agentKind
+	memMB    int // memory the probe (busybox) or the agent (python) holds
+	rootfsMB int // data written to the rootfs before the first checkpoint
+	files    int // files of the project directory written before the first checkpoint
 }
+
+// probed says whether the series' container runs the probe, which measures downtime.
+func (s series) probed() bool { return s.agent == busyboxAgent }
 
 // measured is what one system did in one workload.
 type measured struct {
 	checkpoint, downtime, rollback []time.Duration
 	forkEach                       []time.Duration
 	forkTotal                      time.Duration
-	diskBytes                      int64  // growth of the system's disk dirs over the checkpoints
-	shimPeak                       uint64 // bytes
+	diskBytes                      int64   // growth of the system's disk dirs over the checkpoints
+	diskAfter                      []int64 // the growth after each checkpoint
+	criu                           []criuStats
+	work, verify                   time.Duration // tree search: the agent's and host's work, the benchmark's checks
+	shimPeak, snapshotterPeak      uint64        // bytes
 	restores, verified             int
 }
 
@@ -37,11 +47,21 @@ func order(i int) []string {
 	return []string{systems[1], systems[0]}
 }
 
-func (e *env) newBox(sys, id string, memMB int) (sandbox, error) {
+func (e *env) newBox(sys, id string, kind agentKind, memMB int) (sandbox, error) {
 	if sys == "cklite" {
-		return e.newCklite(id, memMB)
+		return e.newCklite(id, kind, memMB)
 	}
-	return e.newStock(id, memMB)
+	return e.newStock(id, kind, memMB)
+}
+
+// ready waits for a new sandbox's agent to run and returns the token that tells its processes
+// from restarted ones: the probe's where it runs, else the agent's counter's.
+func ready(b sandbox, probed bool) (string, error) {
+	if probed {
+		return waitProbe(b.rootfs(), "")
+	}
+	c, err := (workload.Counter{Rootfs: b.rootfs()}).WaitFor(context.Background(), "a first count", func(workload.Count) bool { return true })
+	return c.Token, err
 }
 
 // runSeries runs one configuration on both systems: k checkpoints, each after the counter moved
@@ -54,14 +74,20 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 	tokens := map[string]string{}
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
 	for _, sys := range systems {
-		b, err := e.newBox(sys, fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), s.memMB)
+		b, err := e.newBox(sys, fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), s.agent, s.memMB)
 		if err != nil {
 			return nil, fmt.Errorf("%s: starting the container: %w", sys, err)
 		}
 		boxes[sys] = b
 		res[sys] = &measured{}
-		if tokens[sys], err = waitProbe(b.rootfs(), ""); err != nil {
+		if tokens[sys], err = ready(b, s.probed()); err != nil {
 			return nil, fmt.Errorf("%s: %w", sys, err)
+		}
+		if s.files > 0 {
+			e.progress("%s: writing a project of %d files", sys, s.files)
+			if err := writeProject(b.rootfs(), s.files); err != nil {
+				return nil, fmt.Errorf("%s: %w", sys, err)
+			}
 		}
 		if s.rootfsMB > 0 {
 			e.progress("%s: writing %d MB to the rootfs", sys, s.rootfsMB)
@@ -79,7 +105,9 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 		diskBefore[sys] = du
 	}
 
+	e.resetSnapshotterPeak()
 	at := map[string][]workload.Count{}
+	hashes := map[string][]string{}
 	for i := range k {
 		for _, sys := range order(i) {
 			b, m := boxes[sys], res[sys]
@@ -93,31 +121,46 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 				return nil, fmt.Errorf("%s: before checkpoint %d: %w", sys, i, err)
 			}
 			at[sys] = append(at[sys], c)
+			h := ""
+			if s.files > 0 {
+				if h, err = hashProject(b.rootfs()); err != nil {
+					return nil, err
+				}
+			}
+			hashes[sys] = append(hashes[sys], h)
 			start := time.Now()
 			if err := b.checkpoint(i); err != nil {
 				return nil, fmt.Errorf("%s: checkpoint %d: %w", sys, i, err)
 			}
 			took := time.Since(start)
-			// The probe logs its gap on its first tick after the checkpoint; seeing it tick with
-			// its token also shows the checkpoint left the container running, same process.
-			if _, err := waitProbe(b.rootfs(), tokens[sys]); err != nil {
+			m.checkpoint = append(m.checkpoint, took)
+			down := "-"
+			if s.probed() {
+				// The probe logs its gap on its first tick after the checkpoint; seeing it tick
+				// with its token also shows the checkpoint left the container running, same
+				// process.
+				if _, err := waitProbe(b.rootfs(), tokens[sys]); err != nil {
+					return nil, fmt.Errorf("%s: after checkpoint %d: %w", sys, i, err)
+				}
+				d, err := downtime(b.rootfs(), start, time.Now())
+				if err != nil {
+					return nil, err
+				}
+				m.downtime, down = append(m.downtime, d), fmtMs(d)
+			}
+			if err := e.afterCheckpoint(b, i, m, diskBefore[sys]); err != nil {
 				return nil, fmt.Errorf("%s: after checkpoint %d: %w", sys, i, err)
 			}
-			down, err := downtime(b.rootfs(), start, time.Now())
-			if err != nil {
-				return nil, err
-			}
-			m.checkpoint, m.downtime = append(m.checkpoint, took), append(m.downtime, down)
-			m.shimPeak = max(m.shimPeak, e.shimPeak(sysID(b)))
-			e.progress("%-6s checkpoint %d/%d %8s   downtime %8s", sys, i+1, k, fmtMs(took), fmtMs(down))
+			cs := m.criu[len(m.criu)-1]
+			e.progress("%-6s checkpoint %d/%d %8s   downtime %8s   CRIU frozen %s", sys, i+1, k, fmtMs(took), down, fmtMs(cs.frozen))
 		}
 	}
 	for _, sys := range systems {
-		du, err := diskUsage(boxes[sys].diskDirs()...)
-		if err != nil {
-			return nil, err
+		m := res[sys]
+		m.diskBytes = m.diskAfter[len(m.diskAfter)-1]
+		if sys == "cklite" { // stock's overlayfs snapshotter runs inside containerd
+			m.snapshotterPeak = e.snapshotterPeak()
 		}
-		res[sys].diskBytes = du - diskBefore[sys]
 	}
 
 	for j := range r {
@@ -134,26 +177,59 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 			took := time.Since(start)
 			m.rollback = append(m.rollback, took)
 			m.restores++
-			if err := e.verify(b.rootfs(), at[sys][i], tokens[sys], s, i); err != nil {
+			if err := e.verify(b.rootfs(), at[sys][i], hashes[sys][i], tokens[sys], s, i); err != nil {
 				return nil, fmt.Errorf("%s: after rollback to checkpoint %d: %w", sys, i, err)
 			}
 			m.verified++
-			m.shimPeak = max(m.shimPeak, e.shimPeak(sysID(b)))
+			m.shimPeak = max(m.shimPeak, e.shimPeak(b.id()))
 			e.progress("%-6s rollback to %d   %8s   verified", sys, i+1, fmtMs(took))
 		}
 	}
 	return res, nil
 }
 
+// afterCheckpoint records what checkpoint i of b left behind: CRIU's stats, the disk grown
+// since before the first checkpoint, the shim's peak memory.
+func (e *env) afterCheckpoint(b sandbox, i int, m *measured, diskBefore int64) error {
+	work, err := e.workDir(b.id(), i)
+	if err != nil {
+		return err
+	}
+	cs, err := readCRIUStats(work)
+	if err != nil {
+		return fmt.Errorf("CRIU stats: %w", err)
+	}
+	du, err := diskUsage(b.diskDirs()...)
+	if err != nil {
+		return err
+	}
+	m.criu, m.diskAfter = append(m.criu, cs), append(m.diskAfter, du-diskBefore)
+	m.shimPeak = max(m.shimPeak, e.shimPeak(b.id()))
+	return nil
+}
+
 // verify checks the container whose rootfs is rootfs holds checkpoint i of series s: the counter
 // at exactly `at` in the same process and counting on, the probe the process it was (token), the
-// image's files undamaged and, in the filesystem workload, the data and checkpoint i's 1 MB.
-func (e *env) verify(rootfs string, at workload.Count, token string, s series, i int) error {
+// image's files undamaged, the project as hashed at the checkpoint (hash) and, in the filesystem
+// workload, the data and checkpoint i's 1 MB.
+func (e *env) verify(rootfs string, at workload.Count, hash, token string, s series, i int) error {
+	// The hash first: the counter's check lets the agent count on, and edit the project.
+	if s.files > 0 {
+		got, err := hashProject(rootfs)
+		if err != nil {
+			return err
+		}
+		if got != hash {
+			return fmt.Errorf("the project directory is not as at checkpoint %d", i)
+		}
+	}
 	if err := (workload.Counter{Rootfs: rootfs}).ExpectRestored(e.ctx, at); err != nil {
 		return err
 	}
-	if _, err := waitProbe(rootfs, token); err != nil {
-		return err
+	if s.probed() {
+		if _, err := waitProbe(rootfs, token); err != nil {
+			return err
+		}
 	}
 	if err := checkPasswd(rootfs); err != nil {
 		return err
@@ -177,7 +253,7 @@ func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error)
 	tokens := map[string]string{}
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
 	for _, sys := range systems {
-		b, err := e.newBox(sys, sys+"-fanout", 0)
+		b, err := e.newBox(sys, sys+"-fanout", busyboxAgent, 0)
 		if err != nil {
 			return nil, fmt.Errorf("%s: starting the container: %w", sys, err)
 		}
@@ -245,16 +321,6 @@ func closeAll(boxes map[string]sandbox) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func sysID(b sandbox) string {
-	switch b := b.(type) {
-	case *ckliteBox:
-		return b.id
-	case *stockBox:
-		return b.id
-	}
-	return ""
 }
 
 func fmtMs(d time.Duration) string { return fmt.Sprintf("%.0f ms", msOf(d)) }
