@@ -81,6 +81,21 @@ var (
 	}
 )
 
+// diskMetrics are the disk k checkpoints took: in all (snapshots, checkpoint images, content),
+// of it the filesystem state, and in all with cklite's dedup (computed; stock has none).
+func diskMetrics(k int) []metric {
+	return []metric{
+		{fmt.Sprintf("disk after %d ckpts", k), "MiB", func(m *measured) float64 { return mibOf(m.diskBytes) }},
+		{"  of it filesystem", "MiB", func(m *measured) float64 { return mibOf(m.fsBytes) }},
+		{"  in all with dedup", "MiB", func(m *measured) float64 {
+			if !m.dedup {
+				return math.NaN()
+			}
+			return mibOf(m.diskBytes - m.dedupSaved)
+		}},
+	}
+}
+
 func verified(n int) metric {
 	return metric{fmt.Sprintf("restores verified (of %d)", n), "ok", func(m *measured) float64 { return float64(m.verified) }}
 }
@@ -100,7 +115,7 @@ func rows(r results, k int) []report.Row {
 			metric{"downtime p50", "ms", p50(down)}, metric{"downtime p95", "ms", p95(down)},
 			metric{"rollback p50", "ms", p50(roll)}, metric{"rollback p95", "ms", p95(roll)})
 		add(s.workload, s.param, by, criuMetrics...)
-		add(s.workload, s.param, by, metric{fmt.Sprintf("disk after %d ckpts", k), "MiB", func(m *measured) float64 { return mibOf(m.diskBytes) }})
+		add(s.workload, s.param, by, diskMetrics(k)...)
 		add(s.workload, s.param, by, memoryMetrics...)
 		add(s.workload, s.param, by, verified(by["cklite"].restores))
 	}
@@ -109,6 +124,7 @@ func rows(r results, k int) []report.Row {
 		add("fan-out", p, by,
 			metric{"fork each p50", "ms", p50(func(m *measured) []time.Duration { return m.forkEach })},
 			metric{"fork total", "ms", func(m *measured) float64 { return msOf(m.forkTotal) }},
+			metric{"disk per fork", "KiB", func(m *measured) float64 { return float64(m.diskBytes) / 1024 }},
 			memoryMetrics[0], verified(n))
 	}
 	if r.tree != nil {
@@ -122,7 +138,7 @@ func rows(r results, k int) []report.Row {
 			metric{"agent + host work total", "ms", func(m *measured) float64 { return msOf(m.work) }},
 			metric{"verification total", "ms", func(m *measured) float64 { return msOf(m.verify) }})
 		add("tree search", p, by, criuMetrics[1], criuMetrics[4])
-		add("tree search", p, by, metric{fmt.Sprintf("disk after %d ckpts", len(by["cklite"].checkpoint)), "MiB", func(m *measured) float64 { return mibOf(m.diskBytes) }})
+		add("tree search", p, by, diskMetrics(len(by["cklite"].checkpoint))...)
 		add("tree search", p, by, memoryMetrics...)
 		add("tree search", p, by, verified(by["cklite"].restores))
 	}

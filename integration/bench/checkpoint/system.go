@@ -40,6 +40,8 @@ type sandbox interface {
 	fork(i, n int, prefix string) ([]string, []time.Duration, error)
 	// diskDirs are the directories holding this system's snapshots and checkpoint images.
 	diskDirs() []string
+	// fsDisk is the part of the disk use that holds filesystem state, not CRIU images.
+	fsDisk() (int64, error)
 	// close removes the container, its checkpoints and what they hold on disk.
 	close() error
 }

@@ -73,7 +73,6 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 	boxes := map[string]sandbox{}
 	nodes := map[string][]treeNode{}
 	cur := map[string]int{}
-	diskBefore := map[string]int64{}
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
 	for _, sys := range systems {
 		b, err := e.newBox(sys, sys+"-tree", c.agent, 0)
@@ -88,9 +87,10 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 		if err := writeProject(b.rootfs(), c.files); err != nil {
 			return nil, fmt.Errorf("%s: %w", sys, err)
 		}
-		if diskBefore[sys], err = diskUsage(b.diskDirs()...); err != nil {
-			return nil, err
-		}
+	}
+	base, err := diskBases(boxes)
+	if err != nil {
+		return nil, err
 	}
 	e.resetSnapshotterPeak()
 	for k := 0; k <= c.expansions; k++ {
@@ -105,7 +105,7 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: node %d: %w", sys, k, err)
 			}
-			if err := e.afterCheckpoint(b, k, m, diskBefore[sys]); err != nil {
+			if err := e.afterCheckpoint(b, k, m, base[sys].all); err != nil {
 				return nil, fmt.Errorf("%s: after checkpoint %d: %w", sys, k, err)
 			}
 			nodes[sys], cur[sys] = append(nodes[sys], n), k
@@ -115,12 +115,8 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 				res["cklite"].overhead().Seconds(), res["stock"].overhead().Seconds())
 		}
 	}
-	for _, sys := range systems {
-		m := res[sys]
-		m.diskBytes = m.diskAfter[len(m.diskAfter)-1]
-		if sys == "cklite" {
-			m.snapshotterPeak = e.snapshotterPeak()
-		}
+	if err := e.finish(boxes, res, base); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

@@ -30,6 +30,9 @@ type measured struct {
 	forkTotal                      time.Duration
 	diskBytes                      int64   // growth of the system's disk dirs over the checkpoints
 	diskAfter                      []int64 // the growth after each checkpoint
+	fsBytes                        int64   // the growth of filesystem state (see sandbox.fsDisk)
+	dedupSaved                     int64   // what dedup of identical files would save, where dedup is set (cklite)
+	dedup                          bool
 	criu                           []criuStats
 	work, verify                   time.Duration // tree search: the agent's and host's work, the benchmark's checks
 	shimPeak, snapshotterPeak      uint64        // bytes
@@ -96,15 +99,10 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 			}
 		}
 	}
-	diskBefore := map[string]int64{}
-	for _, sys := range systems {
-		du, err := diskUsage(boxes[sys].diskDirs()...)
-		if err != nil {
-			return nil, err
-		}
-		diskBefore[sys] = du
+	base, err := diskBases(boxes)
+	if err != nil {
+		return nil, err
 	}
-
 	e.resetSnapshotterPeak()
 	at := map[string][]workload.Count{}
 	hashes := map[string][]string{}
@@ -148,19 +146,15 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 				}
 				m.downtime, down = append(m.downtime, d), fmtMs(d)
 			}
-			if err := e.afterCheckpoint(b, i, m, diskBefore[sys]); err != nil {
+			if err := e.afterCheckpoint(b, i, m, base[sys].all); err != nil {
 				return nil, fmt.Errorf("%s: after checkpoint %d: %w", sys, i, err)
 			}
 			cs := m.criu[len(m.criu)-1]
 			e.progress("%-6s checkpoint %d/%d %8s   downtime %8s   CRIU frozen %s", sys, i+1, k, fmtMs(took), down, fmtMs(cs.frozen))
 		}
 	}
-	for _, sys := range systems {
-		m := res[sys]
-		m.diskBytes = m.diskAfter[len(m.diskAfter)-1]
-		if sys == "cklite" { // stock's overlayfs snapshotter runs inside containerd
-			m.snapshotterPeak = e.snapshotterPeak()
-		}
+	if err := e.finish(boxes, res, base); err != nil {
+		return nil, err
 	}
 
 	for j := range r {
@@ -186,6 +180,47 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 		}
 	}
 	return res, nil
+}
+
+// diskBase is a sandbox's disk use before its first checkpoint: in all, and of filesystem state.
+type diskBase struct{ all, fs int64 }
+
+func diskBases(boxes map[string]sandbox) (map[string]diskBase, error) {
+	base := map[string]diskBase{}
+	for sys, b := range boxes {
+		all, err := diskUsage(b.diskDirs()...)
+		if err != nil {
+			return nil, err
+		}
+		fs, err := b.fsDisk()
+		if err != nil {
+			return nil, err
+		}
+		base[sys] = diskBase{all, fs}
+	}
+	return base, nil
+}
+
+// finish records what a workload's checkpoints left at its end: the disk they took in all, of
+// filesystem state, and what dedup would save of cklite's; cklite-snapshotter's peak memory.
+func (e *env) finish(boxes map[string]sandbox, res map[string]*measured, base map[string]diskBase) error {
+	for sys, b := range boxes {
+		m := res[sys]
+		m.diskBytes = m.diskAfter[len(m.diskAfter)-1]
+		fs, err := b.fsDisk()
+		if err != nil {
+			return err
+		}
+		m.fsBytes = fs - base[sys].fs
+		if sys == "cklite" { // stock's overlayfs snapshotter runs inside containerd, without dedup
+			m.snapshotterPeak = e.snapshotterPeak()
+			if m.dedupSaved, err = dedupSavings(b.diskDirs()[0]); err != nil {
+				return err
+			}
+			m.dedup = true
+		}
+	}
+	return nil
 }
 
 // afterCheckpoint records what checkpoint i of b left behind: CRIU's stats, the disk grown
@@ -274,6 +309,10 @@ func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error)
 			m := &measured{}
 			res[n][sys] = m
 			prefix := fmt.Sprintf("%s-fork%d", sys, n)
+			before, err := diskUsage(boxes[sys].diskDirs()...)
+			if err != nil {
+				return nil, err
+			}
 			start := time.Now()
 			ids, each, err := boxes[sys].fork(0, n, prefix)
 			m.forkTotal = time.Since(start)
@@ -287,6 +326,13 @@ func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error)
 				return nil, fmt.Errorf("%s: fork -n %d: %w", sys, n, err)
 			}
 			m.forkEach = each
+			// What the forks themselves occupy, right after they started: each has written no more
+			// than its counter's few bytes yet.
+			after, err := diskUsage(boxes[sys].diskDirs()...)
+			if err != nil {
+				return nil, err
+			}
+			m.diskBytes = (after - before) / int64(n)
 			for _, id := range ids {
 				m.restores++
 				rootfs := e.d.RootfsPath(id)
