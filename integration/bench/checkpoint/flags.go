@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 type options struct {
 	mode               string // "quick" or "full"
+	systems            []string
 	out                string
 	memMB, rootfsMB    []int
 	forks              []int
@@ -55,6 +57,7 @@ func parseOptions(args []string) (options, error) {
 	} {
 		lists[f.name] = fs.String(f.name, "", f.usage+" (default: the mode's)")
 	}
+	only := fs.String("systems", "", "measure only `SYSTEM` (cklite or stock); default both, taking turns")
 	fs.IntVar(&o.checkpoints, "checkpoints", 8, "checkpoints per workload and system")
 	fs.IntVar(&o.rolls, "rollbacks", 4, "rollbacks per workload and system")
 	fs.IntVar(&o.tree.expansions, "tree-expansions", 100, "expansions of the tree search (0 leaves it out)")
@@ -63,6 +66,13 @@ func parseOptions(args []string) (options, error) {
 	fs.Uint64Var(&o.tree.seed, "tree-seed", 6, "seed of the tree search's tree")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	o.systems = allSystems
+	if *only != "" {
+		if !slices.Contains(allSystems, *only) {
+			return o, fmt.Errorf("-systems %q: want cklite or stock", *only)
+		}
+		o.systems = []string{*only}
 	}
 	o.mode = "quick"
 	if *full {

@@ -105,7 +105,13 @@ func rows(r results, k int) []report.Row {
 	var out []report.Row
 	add := func(w, p string, by map[string]*measured, ms ...metric) {
 		for _, mt := range ms {
-			out = append(out, report.Row{Workload: w, Param: p, Metric: mt.name, Unit: mt.unit, Cklite: mt.f(by["cklite"]), Stock: mt.f(by["stock"])})
+			v := func(sys string) float64 {
+				if by[sys] == nil { // left out with -systems
+					return math.NaN()
+				}
+				return mt.f(by[sys])
+			}
+			out = append(out, report.Row{Workload: w, Param: p, Metric: mt.name, Unit: mt.unit, Cklite: v("cklite"), Stock: v("stock")})
 		}
 	}
 	for _, s := range r.series {
@@ -117,7 +123,7 @@ func rows(r results, k int) []report.Row {
 		add(s.workload, s.param, by, criuMetrics...)
 		add(s.workload, s.param, by, diskMetrics(k)...)
 		add(s.workload, s.param, by, memoryMetrics...)
-		add(s.workload, s.param, by, verified(by["cklite"].restores))
+		add(s.workload, s.param, by, verified(by[systems[0]].restores))
 	}
 	for _, n := range sortedKeys(r.fanout) {
 		by, p := r.fanout[n], fmt.Sprintf("%d forks", n)
@@ -129,7 +135,8 @@ func rows(r results, k int) []report.Row {
 	}
 	if r.tree != nil {
 		by := r.tree
-		p := fmt.Sprintf("%d nodes, %d rollbacks", len(by["cklite"].checkpoint), len(by["cklite"].rollback))
+		first := by[systems[0]]
+		p := fmt.Sprintf("%d nodes, %d rollbacks", len(first.checkpoint), len(first.rollback))
 		add("tree search", p, by,
 			metric{"C/R overhead total", "ms", func(m *measured) float64 { return msOf(m.overhead()) }},
 			metric{"checkpoints total", "ms", func(m *measured) float64 { return msOf(sum(m.checkpoint)) }},
@@ -138,9 +145,9 @@ func rows(r results, k int) []report.Row {
 			metric{"agent + host work total", "ms", func(m *measured) float64 { return msOf(m.work) }},
 			metric{"verification total", "ms", func(m *measured) float64 { return msOf(m.verify) }})
 		add("tree search", p, by, criuMetrics[1], criuMetrics[4])
-		add("tree search", p, by, diskMetrics(len(by["cklite"].checkpoint))...)
+		add("tree search", p, by, diskMetrics(len(first.checkpoint))...)
 		add("tree search", p, by, memoryMetrics...)
-		add("tree search", p, by, verified(by["cklite"].restores))
+		add("tree search", p, by, verified(first.restores))
 	}
 	return out
 }

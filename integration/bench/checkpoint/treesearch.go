@@ -111,8 +111,11 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 			nodes[sys], cur[sys] = append(nodes[sys], n), k
 		}
 		if k%10 == 0 {
-			e.progress("tree: %3d/%d nodes   cklite C/R %6.1f s   stock C/R %6.1f s", k, c.expansions,
-				res["cklite"].overhead().Seconds(), res["stock"].overhead().Seconds())
+			line := fmt.Sprintf("tree: %3d/%d nodes", k, c.expansions)
+			for _, sys := range systems {
+				line += fmt.Sprintf("   %s C/R %6.1f s", sys, res[sys].overhead().Seconds())
+			}
+			e.progress("%s", line)
 		}
 	}
 	if err := e.finish(boxes, res, base); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cklite/cklite/integration/workload"
@@ -39,7 +40,12 @@ type measured struct {
 	restores, verified             int
 }
 
-var systems = []string{"cklite", "stock"}
+// allSystems are the systems compared, cklite first.
+var allSystems = []string{"cklite", "stock"}
+
+// systems are the ones this run measures: all, unless -systems picks one (set once, before any
+// workload runs).
+var systems = allSystems
 
 // order is the order the systems take turns in round i: alternating who goes first, so that
 // neither always runs right after the other's heavy step (A B B A A B ...).
@@ -47,7 +53,9 @@ func order(i int) []string {
 	if i%2 == 0 {
 		return systems
 	}
-	return []string{systems[1], systems[0]}
+	r := slices.Clone(systems)
+	slices.Reverse(r)
+	return r
 }
 
 func (e *env) newBox(sys, id string, kind agentKind, memMB int) (sandbox, error) {
