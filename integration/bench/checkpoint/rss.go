@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
-	"slices"
+	"os/exec"
 	"strconv"
 	"strings"
 
@@ -25,26 +25,11 @@ func (e *env) shimPeak(id string) uint64 {
 // snapshotterPID is the pid of the cklite-snapshotter serving this benchmark's daemon (the one
 // listening on its socket), 0 when none is found.
 func (e *env) snapshotterPID() int {
-	if e.snapPID != 0 {
-		return e.snapPID
+	if e.snapPID == 0 {
+		out, _ := exec.CommandContext(e.ctx, "pgrep", "-f", "--", "cklite-snapshotter --address "+e.d.SnapshotterAddress+" ").Output()
+		e.snapPID, _ = strconv.Atoi(strings.TrimSpace(string(out)))
 	}
-	entries, _ := os.ReadDir("/proc")
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(data), "\x00")
-		if i := slices.Index(args, "--address"); i >= 0 && i+1 < len(args) && args[i+1] == e.d.SnapshotterAddress {
-			e.snapPID = pid
-			return pid
-		}
-	}
-	return 0
+	return e.snapPID
 }
 
 // resetSnapshotterPeak starts a new high-water mark of cklite-snapshotter's resident memory

@@ -69,30 +69,14 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	res := map[string]*measured{}
 	boxes := map[string]sandbox{}
 	nodes := map[string][]treeNode{}
 	cur := map[string]int{}
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
-	for _, sys := range systems {
-		b, err := e.newBox(sys, sys+"-tree", c.agent, 0)
-		if err != nil {
-			return nil, fmt.Errorf("%s: starting the container: %w", sys, err)
-		}
-		boxes[sys] = b
-		res[sys] = &measured{}
-		if _, err := ready(b, c.agent == busyboxAgent); err != nil {
-			return nil, fmt.Errorf("%s: %w", sys, err)
-		}
-		if err := writeProject(b.rootfs(), c.files); err != nil {
-			return nil, fmt.Errorf("%s: %w", sys, err)
-		}
-	}
-	base, err := diskBases(boxes)
+	_, res, base, err := e.setUp(series{workload: "tree", agent: c.agent, files: c.files}, boxes)
 	if err != nil {
 		return nil, err
 	}
-	e.resetSnapshotterPeak()
 	for k := 0; k <= c.expansions; k++ {
 		for _, sys := range order(k) {
 			b, m := boxes[sys], res[sys]

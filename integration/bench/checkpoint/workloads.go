@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -67,11 +66,11 @@ func (e *env) newBox(sys, id string, kind agentKind, memMB int) (sandbox, error)
 
 // ready waits for a new sandbox's agent to run and returns the token that tells its processes
 // from restarted ones: the probe's where it runs, else the agent's counter's.
-func ready(b sandbox, probed bool) (string, error) {
+func (e *env) ready(b sandbox, probed bool) (string, error) {
 	if probed {
 		return waitProbe(b.rootfs(), "")
 	}
-	c, err := (workload.Counter{Rootfs: b.rootfs()}).WaitFor(context.Background(), "a first count", func(workload.Count) bool { return true })
+	c, err := (workload.Counter{Rootfs: b.rootfs()}).WaitFor(e.ctx, "a first count", func(workload.Count) bool { return true })
 	return c.Token, err
 }
 
@@ -80,38 +79,12 @@ func ready(b sandbox, probed bool) (string, error) {
 // over the k, each after a bad action, each verified (the counter at exactly the checkpointed
 // value in the same process, the probe the same process, the files as checkpointed).
 func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr error) {
-	res := map[string]*measured{}
 	boxes := map[string]sandbox{}
-	tokens := map[string]string{}
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
-	for _, sys := range systems {
-		b, err := e.newBox(sys, fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), s.agent, s.memMB)
-		if err != nil {
-			return nil, fmt.Errorf("%s: starting the container: %w", sys, err)
-		}
-		boxes[sys] = b
-		res[sys] = &measured{}
-		if tokens[sys], err = ready(b, s.probed()); err != nil {
-			return nil, fmt.Errorf("%s: %w", sys, err)
-		}
-		if s.files > 0 {
-			e.progress("%s: writing a project of %d files", sys, s.files)
-			if err := writeProject(b.rootfs(), s.files); err != nil {
-				return nil, fmt.Errorf("%s: %w", sys, err)
-			}
-		}
-		if s.rootfsMB > 0 {
-			e.progress("%s: writing %d MB to the rootfs", sys, s.rootfsMB)
-			if err := writeData(b.rootfs(), s.rootfsMB); err != nil {
-				return nil, fmt.Errorf("%s: %w", sys, err)
-			}
-		}
-	}
-	base, err := diskBases(boxes)
+	tokens, res, base, err := e.setUp(s, boxes)
 	if err != nil {
 		return nil, err
 	}
-	e.resetSnapshotterPeak()
 	at := map[string][]workload.Count{}
 	hashes := map[string][]string{}
 	for i := range k {
@@ -188,6 +161,42 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 		}
 	}
 	return res, nil
+}
+
+// setUp starts series s's container on every system into boxes (which the caller closes, also
+// after an error), writes its project and data, and returns each agent's token, a fresh
+// measured per system and the disk use before the first checkpoint.
+func (e *env) setUp(s series, boxes map[string]sandbox) (map[string]string, map[string]*measured, map[string]diskBase, error) {
+	tokens, res := map[string]string{}, map[string]*measured{}
+	for _, sys := range systems {
+		b, err := e.newBox(sys, fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), s.agent, s.memMB)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: starting the container: %w", sys, err)
+		}
+		boxes[sys] = b
+		res[sys] = &measured{}
+		if tokens[sys], err = e.ready(b, s.probed()); err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", sys, err)
+		}
+		if s.files > 0 {
+			e.progress("%s: writing a project of %d files", sys, s.files)
+			if err := writeProject(b.rootfs(), s.files); err != nil {
+				return nil, nil, nil, fmt.Errorf("%s: %w", sys, err)
+			}
+		}
+		if s.rootfsMB > 0 {
+			e.progress("%s: writing %d MB to the rootfs", sys, s.rootfsMB)
+			if err := writeData(b.rootfs(), s.rootfsMB); err != nil {
+				return nil, nil, nil, fmt.Errorf("%s: %w", sys, err)
+			}
+		}
+	}
+	base, err := diskBases(boxes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	e.resetSnapshotterPeak()
+	return tokens, res, base, nil
 }
 
 // diskBase is a sandbox's disk use before its first checkpoint: in all, and of filesystem state.
