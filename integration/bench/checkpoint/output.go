@@ -144,7 +144,7 @@ func rows(r results, k int) []report.Row {
 			metric{"checkpoint p50", "ms", p50(ckpt)}, metric{"rollback p50", "ms", p50(roll)},
 			metric{"agent + host work total", "ms", func(m *measured) float64 { return msOf(m.work) }},
 			metric{"verification total", "ms", func(m *measured) float64 { return msOf(m.verify) }})
-		add("tree search", p, by, criuMetrics[1], criuMetrics[4])
+		add("tree search", p, by, criuMetrics[0], criuMetrics[1], criuMetrics[4])
 		add("tree search", p, by, diskMetrics(len(first.checkpoint))...)
 		add("tree search", p, by, memoryMetrics...)
 		add("tree search", p, by, verified(first.restores))
