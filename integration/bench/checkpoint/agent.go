@@ -39,10 +39,23 @@ const (
 	filesPerDir = 100
 )
 
-// shAgent is CounterScript with the edit added in the counting branch.
-var shAgent = strings.Replace(workload.CounterScript,
-	"i=$((i+1)); s=run;",
-	fmt.Sprintf("i=$((i+1)); s=run; echo \"$t $i\" > /%s/edits/e$((i %% %d));", projectDir, editFiles), 1)
+// agentSpec is what a sandbox runs: an agent of kind holding memMB. A slow one wakes less often
+// (the shell every 100 ms instead of 20, the probe every 20 ms instead of 1), for the fan-out:
+// 100 forks of a fast one make 100 000 wakeups and 10 000 process spawns a second and saturate 2
+// cores (load average 200 here), so that the later forks would measure the earlier ones' load.
+type agentSpec struct {
+	kind  agentKind
+	memMB int
+	slow  bool
+}
+
+// shAgent is CounterScript with the edit added in the counting branch, looping every period.
+func shAgent(period string) string {
+	s := strings.Replace(workload.CounterScript,
+		"i=$((i+1)); s=run;",
+		fmt.Sprintf("i=$((i+1)); s=run; echo \"$t $i\" > /%s/edits/e$((i %% %d));", projectDir, editFiles), 1)
+	return strings.Replace(s, "sleep 0.02", "sleep "+period, 1)
+}
 
 // pyAgent is the same loop in python; %d is the memory to hold in MB.
 const pyAgent = `import os, time, uuid
@@ -65,13 +78,17 @@ while True:
     time.sleep(0.02)
 `
 
-// agentArgs is the command line of an agent of kind holding memMB; the busybox one runs the
-// probe next to it, which holds the memory instead.
-func agentArgs(kind agentKind, memMB int) []string {
-	if kind == pythonAgent {
-		return []string{"python3", "-c", fmt.Sprintf(pyAgent, memMB, projectDir, projectDir, editFiles)}
+// args is the agent's command line; the busybox one runs the probe next to it, which holds the
+// memory instead.
+func (a agentSpec) args() []string {
+	if a.kind == pythonAgent {
+		return []string{"python3", "-c", fmt.Sprintf(pyAgent, a.memMB, projectDir, projectDir, editFiles)}
 	}
-	return []string{"sh", "-c", fmt.Sprintf("mkdir -p /%s/edits; probe -mem %d & %s", projectDir, memMB, shAgent)}
+	period, probe := "0.02", ""
+	if a.slow {
+		period, probe = "0.1", "-tick 20ms -min-gap 100ms "
+	}
+	return []string{"sh", "-c", fmt.Sprintf("mkdir -p /%s/edits; probe %s-mem %d & %s", projectDir, probe, a.memMB, shAgent(period))}
 }
 
 // writeProject writes n files of fileBytes into the project directory, as a host-side `git

@@ -46,14 +46,13 @@ type sandbox interface {
 	close() error
 }
 
-// start creates container id on runtime and snapshotter, running an agent of kind holding memMB
-// of memory, and starts its task.
-func (e *env) start(id, runtime, snapshotter string, kind agentKind, memMB int) error {
+// start creates container id on runtime and snapshotter, running agent a, and starts its task.
+func (e *env) start(id, runtime, snapshotter string, a agentSpec) error {
 	img := e.img
-	if kind == pythonAgent {
+	if a.kind == pythonAgent {
 		img = e.sandbox
 	}
-	_, _, err := e.d.Run(e.ctx, id, img, runtime, snapshotter, agentArgs(kind, memMB)...)
+	_, _, err := e.d.Run(e.ctx, id, img, runtime, snapshotter, a.args()...)
 	return err
 }
 
@@ -75,8 +74,8 @@ type ckliteBox struct {
 	ids  map[int]string // cklite checkpoint id by checkpoint
 }
 
-func (e *env) newCklite(id string, kind agentKind, memMB int) (*ckliteBox, error) {
-	if err := e.start(id, harness.CkliteRuntime, ckliteSnapshotter, kind, memMB); err != nil {
+func (e *env) newCklite(id string, a agentSpec) (*ckliteBox, error) {
+	if err := e.start(id, harness.CkliteRuntime, ckliteSnapshotter, a); err != nil {
 		return nil, err
 	}
 	return &ckliteBox{env: e, cid: id, dirs: map[int]string{}, ids: map[int]string{}}, nil
@@ -177,8 +176,8 @@ type stockBox struct {
 	images map[int]client.Image
 }
 
-func (e *env) newStock(id string, kind agentKind, memMB int) (*stockBox, error) {
-	if err := e.start(id, runcRuntime, "overlayfs", kind, memMB); err != nil {
+func (e *env) newStock(id string, a agentSpec) (*stockBox, error) {
+	if err := e.start(id, runcRuntime, "overlayfs", a); err != nil {
 		return nil, err
 	}
 	return &stockBox{env: e, cid: id, images: map[int]client.Image{}}, nil

@@ -57,11 +57,11 @@ func order(i int) []string {
 	return r
 }
 
-func (e *env) newBox(sys, id string, kind agentKind, memMB int) (sandbox, error) {
+func (e *env) newBox(sys, id string, a agentSpec) (sandbox, error) {
 	if sys == "cklite" {
-		return e.newCklite(id, kind, memMB)
+		return e.newCklite(id, a)
 	}
-	return e.newStock(id, kind, memMB)
+	return e.newStock(id, a)
 }
 
 // ready waits for a new sandbox's agent to run and returns the token that tells its processes
@@ -169,7 +169,7 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 func (e *env) setUp(s series, boxes map[string]sandbox) (map[string]string, map[string]*measured, map[string]diskBase, error) {
 	tokens, res := map[string]string{}, map[string]*measured{}
 	for _, sys := range systems {
-		b, err := e.newBox(sys, fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), s.agent, s.memMB)
+		b, err := e.newBox(sys, fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), agentSpec{kind: s.agent, memMB: s.memMB})
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("%s: starting the container: %w", sys, err)
 		}
@@ -305,7 +305,7 @@ func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error)
 	tokens := map[string]string{}
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
 	for _, sys := range systems {
-		b, err := e.newBox(sys, sys+"-fanout", busyboxAgent, 0)
+		b, err := e.newBox(sys, sys+"-fanout", agentSpec{kind: busyboxAgent, slow: true})
 		if err != nil {
 			return nil, fmt.Errorf("%s: starting the container: %w", sys, err)
 		}
