@@ -43,7 +43,7 @@ var modes = map[string]map[string]string{
 func parseOptions(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	full := fs.Bool("full", false, "full mode: memory 0/256/1024 MB, rootfs 0/200/1000 MB, 1/10/100 forks, the tree search on the python sandbox (default: quick mode, about 8 minutes)")
+	full := fs.Bool("full", false, "full mode: memory 0/256/1024 MB, rootfs 0/200/1000 MB, 1/10/100 forks, the tree search on the python sandbox (default: quick mode, 7-9 minutes here)")
 	fs.StringVar(&o.out, "out", "", "results `DIR` (default bench-results/TIME)")
 	lists := map[string]*string{}
 	for _, f := range []struct{ name, usage string }{
@@ -55,7 +55,7 @@ func parseOptions(args []string) (options, error) {
 		{"tree-agent", "the tree search's agent: busybox or python"},
 		{"tree-files", "`FILES` in the tree search's project"},
 	} {
-		lists[f.name] = fs.String(f.name, "", f.usage+" (default: the mode's)")
+		lists[f.name] = fs.String(f.name, "", f.usage+"; default: the mode's")
 	}
 	only := fs.String("systems", "", "measure only `SYSTEM` (cklite or stock); default both, taking turns")
 	fs.IntVar(&o.checkpoints, "checkpoints", 8, "checkpoints per workload and system")
@@ -78,8 +78,11 @@ func parseOptions(args []string) (options, error) {
 	if *full {
 		o.mode = "full"
 	}
+	// Only flags left off take the mode's value: an empty list given leaves the workload out.
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	for name, v := range lists {
-		if *v == "" {
+		if !given[name] {
 			*v = modes[o.mode][name]
 		}
 	}
