@@ -60,7 +60,9 @@ func (e *env) newTask(c client.Container, opts ...client.NewTaskOpts) (client.Ta
 	return e.d.StartTask(e.ctx, c, opts...)
 }
 
-func (e *env) remove(id string) error { return e.d.Remove(e.ctx, id) }
+// remove removes container id with its task and snapshot. It runs to the end after an interrupt
+// too (^C cancels e.ctx), so that the benchmark's clean-up leaves nothing running.
+func (e *env) remove(id string) error { return e.d.Remove(context.WithoutCancel(e.ctx), id) }
 
 // ckliteBox is a container on cklite: runtime io.containerd.cklite.v2 on cklite-snapshotter.
 // Checkpoints go straight to the task service with an image directory, as `cklite checkpoint
@@ -159,7 +161,7 @@ func (s *ckliteBox) close() error {
 	if len(ids) > 0 {
 		// --gc: the frozen layers go now, not at some later collection, so the next workload's
 		// disk measurement starts from a clean snapshotter.
-		if _, err := s.d.Cklite(s.ctx, append([]string{"checkpoint", "rm", "--gc"}, ids...)...); err != nil {
+		if _, err := s.d.Cklite(context.WithoutCancel(s.ctx), append([]string{"checkpoint", "rm", "--gc"}, ids...)...); err != nil {
 			return err
 		}
 	}
@@ -303,7 +305,7 @@ func (s *stockBox) close() error {
 	}
 	for _, img := range s.images {
 		// Synchronous: the garbage collection that frees the checkpoints' content runs now.
-		if err := s.d.Client().ImageService().Delete(s.ctx, img.Name(), images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
+		if err := s.d.Client().ImageService().Delete(context.WithoutCancel(s.ctx), img.Name(), images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
 	}
