@@ -76,7 +76,8 @@ bench: deps build
 	$(GO) run ./integration/bench/checkpoint $(BENCH_ARGS)
 
 ## bench-full: the checkpoint benchmark's full mode: memory 0/256/1024 MB, rootfs 0/200/1000 MB,
-## 1/10/100 forks, the tree search on the python sandbox (an hour or more: stock's 1 GB checkpoints)
+## 1/10/100 forks, the tree search on the python sandbox (well over half an hour: stock takes
+## 25-50 s per 1 GB checkpoint; not yet run end to end)
 bench-full: deps build
 	$(GO) run ./integration/bench/checkpoint -full $(BENCH_ARGS)
 
