@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build install demo test test-unit test-integration vet bench bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps build install demo test test-unit test-integration vet bench bench-full bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
@@ -68,11 +68,18 @@ test-unit:
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
 
-## bench: the checkpoint benchmark's quick mode (issue 6): idle, memory, filesystem and fan-out
-## workloads on cklite and on the stock runc shim + overlayfs, taking turns; a table of ratios on
-## stdout, CSV, Markdown and SVG charts in bench-results/TIME (BENCH_ARGS for more, e.g. -out DIR)
+## bench: the checkpoint benchmark's quick mode (issue 6, ~9 min on 2 cores): idle, memory,
+## filesystem, python agent sandbox, fan-out and tree-search workloads on cklite and on the stock
+## runc shim + overlayfs, taking turns; a table of ratios on stdout, CSV, Markdown and SVG charts
+## in bench-results/TIME (BENCH_ARGS for more, e.g. -out DIR)
 bench: deps build
 	$(GO) run ./integration/bench/checkpoint $(BENCH_ARGS)
+
+## bench-full: the checkpoint benchmark's full mode: memory 0/256/1024 MB, rootfs 0/200/1000 MB,
+## 1/10/100 forks, the tree search on the python sandbox (well over half an hour: stock takes
+## 25-50 s per 1 GB checkpoint; not yet run end to end)
+bench-full: deps build
+	$(GO) run ./integration/bench/checkpoint -full $(BENCH_ARGS)
 
 ## bench-all: every benchmark, each printing its ratios against the stock runc shim / overlayfs
 bench-all: bench-snapshotter bench-shim bench-checkpoint bench

@@ -1,17 +1,24 @@
-// Command checkpoint is cklite's checkpoint benchmark (issue 6), quick mode: on a private
-// containerd started by the integration harness, with both the stock runc shim on overlayfs and
-// cklite (runtime io.containerd.cklite.v2 on cklite-snapshotter), it measures side by side,
-// the systems taking turns:
+// Command checkpoint is cklite's checkpoint benchmark (issue 6): on a private containerd started
+// by the integration harness, with both the stock runc shim on overlayfs and cklite (runtime
+// io.containerd.cklite.v2 on cklite-snapshotter), it measures side by side, the systems taking
+// turns:
 //
-//   - idle: the busybox counter;
-//   - memory: the counter next to a process holding N MB of touched memory (-mem-mb);
+//   - idle: the busybox agent (a shell counter) with the probe;
+//   - memory: the same next to a probe holding N MB of touched memory (-mem-mb);
 //   - filesystem: M MB written to the rootfs first (-rootfs-mb), 1 MB changed before every checkpoint;
-//   - fan-out: 1 and 10 forks of one checkpoint while the original runs (-forks).
+//   - agent: python3 in the debootstrap sandbox holding state in memory and editing a project
+//     directory of a few thousand files (-agent-mem-mb, -agent-files);
+//   - fan-out: 1, 10, ... forks of one checkpoint while the original runs (-forks);
+//   - tree search: a seeded tree of 100 expansions and 49 rollbacks, depth 8, every restored node
+//     verified by its memory counter and project hash (-tree-*).
 //
 // Metrics: checkpoint latency p50/p95, downtime during a checkpoint as a probe in the container
-// sees it, rollback latency, fork latency each and in total, disk growth over the checkpoints,
-// peak RSS of the shims, and how many restores were verified. It prints a table with the
-// cklite/stock ratio and writes results.csv, results.md and SVG charts into -out.
+// sees it, CRIU's own breakdown of each dump (stats-dump, stats-restore in the CRIU work
+// directory each checkpoint names), rollback latency, fork latency each and in total, disk growth
+// over the checkpoints (in all, of filesystem state, with dedup), peak RSS of the shims and of
+// cklite-snapshotter, and how many restores were verified. It prints a table with the
+// cklite/stock ratio and writes results.csv, results.md and SVG charts into -out. The quick mode
+// (default) takes about 9 minutes on 2 cores; -full runs every size the issue names.
 //
 // It lives next to the harness rather than in the cklite CLI: it starts its own containerd from
 // the installed stack and the checkout's bin/, and builds its probe with the Go toolchain, which
@@ -27,8 +34,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -44,38 +49,14 @@ const (
 	probePackage      = "github.com/cklite/cklite/integration/bench/checkpoint/probe"
 )
 
-type options struct {
-	out                string
-	memMB, rootfsMB    []int
-	forks              []int
-	checkpoints, rolls int
-}
-
 func main() {
-	var o options
-	var mem, rootfs, forks string
-	flag.StringVar(&o.out, "out", "", "results `DIR` (default bench-results/TIME)")
-	flag.StringVar(&mem, "mem-mb", "256", "comma-separated `SIZES` of held memory for the memory workload (0 is the idle workload)")
-	flag.StringVar(&rootfs, "rootfs-mb", "200", "comma-separated `SIZES` written to the rootfs for the filesystem workload (0 is the idle workload)")
-	flag.StringVar(&forks, "forks", "1,10", "comma-separated fan-out `COUNTS`")
-	flag.IntVar(&o.checkpoints, "checkpoints", 8, "checkpoints per workload and system")
-	flag.IntVar(&o.rolls, "rollbacks", 4, "rollbacks per workload and system")
-	flag.Parse()
-	var err error
-	if o.memMB, err = parseList("-mem-mb", mem); err == nil {
-		if o.rootfsMB, err = parseList("-rootfs-mb", rootfs); err == nil {
-			o.forks, err = parseList("-forks", forks)
-		}
-	}
-	if err == nil && (o.checkpoints < 1 || o.rolls < 1) {
-		err = errors.New("-checkpoints and -rollbacks: want at least 1")
+	o, err := parseOptions(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(2)
-	}
-	if o.out == "" {
-		o.out = filepath.Join("bench-results", time.Now().Format("20060102-150405"))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -85,27 +66,14 @@ func main() {
 	}
 }
 
-func parseList(name, s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("%s %q: want non-negative numbers, such as 0,256", name, s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
-}
-
 // env is what every workload needs: the daemon, its client context, the image.
 type env struct {
 	d       *harness.Daemon
 	ctx     context.Context // in the daemon's namespace
-	img     client.Image
+	img     client.Image    // busybox with the probe
+	sandbox client.Image    // the debootstrap + python3 sandbox, for the python agent
 	started time.Time
+	snapPID int // cklite-snapshotter's, found on first use
 }
 
 // progress prints a line with the time since the benchmark started.
@@ -114,6 +82,7 @@ func (e *env) progress(format string, args ...any) {
 }
 
 func run(ctx context.Context, o options) (retErr error) {
+	systems = o.systems
 	started := time.Now()
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
@@ -136,33 +105,33 @@ func run(ctx context.Context, o options) (retErr error) {
 	if e.img, err = e.buildImage(bb, filepath.Join(d.Dir, "bench-image")); err != nil {
 		return err
 	}
+	if o.needsSandbox() {
+		e.progress("importing the python sandbox image into both snapshotters")
+		sb, err := localimage.Sandbox(ctx, localimage.CacheDir(), os.Stderr)
+		if err != nil {
+			return err
+		}
+		if e.sandbox, err = d.ImportUnpacked(e.ctx, sb, ckliteSnapshotter, "overlayfs"); err != nil {
+			return err
+		}
+	}
 	version, err := d.Client().Version(e.ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("cklite bench (quick): containerd %s in %s, CRIU %s\n  cklite: %s on cklite-snapshotter\n  stock:  %s on overlayfs\n"+
+	fmt.Printf("cklite bench (%s): containerd %s in %s, CRIU %s\n  cklite: %s on cklite-snapshotter\n  stock:  %s on overlayfs\n"+
 		"  %d checkpoints and %d rollbacks per workload and system; systems take turns\n\n",
-		version.Version, d.Dir, criu, harness.CkliteRuntime, runcRuntime, o.checkpoints, o.rolls)
+		o.mode, version.Version, d.Dir, criu, harness.CkliteRuntime, runcRuntime, o.checkpoints, o.rolls)
 
-	all := []series{{workload: "idle", param: "busybox counter"}}
-	for _, mb := range o.memMB {
-		if mb > 0 {
-			all = append(all, series{workload: "memory", param: fmt.Sprintf("%d MB", mb), memMB: mb})
-		}
-	}
-	for _, mb := range o.rootfsMB {
-		if mb > 0 {
-			all = append(all, series{workload: "filesystem", param: fmt.Sprintf("%d MB + 1 MB/ckpt", mb), rootfsMB: mb})
-		}
-	}
-	results := map[series]map[string]*measured{}
+	all := o.series()
+	res := map[series]map[string]*measured{}
 	for _, s := range all {
 		e.progress("=== %s: %s ===", s.workload, s.param)
 		r, err := e.runSeries(s, o.checkpoints, o.rolls)
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", s.workload, s.param, err)
 		}
-		results[s] = r
+		res[s] = r
 	}
 	var fanout map[int]map[string]*measured
 	if len(o.forks) > 0 {
@@ -171,8 +140,15 @@ func run(ctx context.Context, o options) (retErr error) {
 			return fmt.Errorf("fan-out: %w", err)
 		}
 	}
+	var tree map[string]*measured
+	if o.tree.expansions > 0 {
+		e.progress("=== tree search: %d expansions, %d rollbacks, depth %d ===", o.tree.expansions, o.tree.rollbacks, o.tree.maxDepth)
+		if tree, err = e.runTree(o.tree); err != nil {
+			return fmt.Errorf("tree search: %w", err)
+		}
+	}
 	took := time.Since(started)
-	return writeResults(o, all, results, fanout, took)
+	return writeResults(o, results{series: all, bySeries: res, fanout: fanout, tree: tree}, took)
 }
 
 // buildImage builds the probe static and the busybox image with it as /usr/local/bin/probe, and

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,31 +15,139 @@ import (
 
 const mib = 1 << 20
 
+// results is everything one run measured, by workload and system.
+type results struct {
+	series   []series // in the order run
+	bySeries map[series]map[string]*measured
+	fanout   map[int]map[string]*measured
+	tree     map[string]*measured // nil when left out
+}
+
+// metric is one row of the table, computed for each system.
+type metric struct {
+	name, unit string
+	f          func(*measured) float64
+}
+
+func p50(ds func(*measured) []time.Duration) func(*measured) float64 {
+	return func(m *measured) float64 { return percentile(ds(m), 0.5) }
+}
+
+func p95(ds func(*measured) []time.Duration) func(*measured) float64 {
+	return func(m *measured) float64 { return percentile(ds(m), 0.95) }
+}
+
+// criuP50 is the median of one of CRIU's times over a system's checkpoints; NaN where CRIU did
+// not report it (stock's checkpoints restore nothing).
+func criuP50(t func(criuStats) time.Duration) func(*measured) float64 {
+	return func(m *measured) float64 {
+		var ds []time.Duration
+		for _, c := range m.criu {
+			if t(c) > 0 {
+				ds = append(ds, t(c))
+			}
+		}
+		return percentile(ds, 0.5)
+	}
+}
+
+func mibOf[T int64 | uint64](v T) float64 { return float64(v) / mib }
+
+// orNaN turns a value that was not measured (0) into NaN, shown as "-".
+func orNaN(v float64) float64 {
+	if v == 0 {
+		return math.NaN()
+	}
+	return v
+}
+
+var (
+	ckpt = func(m *measured) []time.Duration { return m.checkpoint }
+	roll = func(m *measured) []time.Duration { return m.rollback }
+	down = func(m *measured) []time.Duration { return m.downtime }
+
+	// criuMetrics break a dump down as CRIU's stats-dump does, and cklite's in-place restore as
+	// its stats-restore does.
+	criuMetrics = []metric{
+		{"CRIU freezing p50", "ms", criuP50(func(c criuStats) time.Duration { return c.freezing })},
+		{"CRIU frozen p50", "ms", criuP50(func(c criuStats) time.Duration { return c.frozen })},
+		{"CRIU memdump p50", "ms", criuP50(func(c criuStats) time.Duration { return c.memdump })},
+		{"CRIU memwrite p50", "ms", criuP50(func(c criuStats) time.Duration { return c.memwrite })},
+		{"CRIU restore in ckpt p50", "ms", criuP50(func(c criuStats) time.Duration { return c.restore })},
+	}
+	memoryMetrics = []metric{
+		{"shim peak RSS", "MiB", func(m *measured) float64 { return orNaN(mibOf(m.shimPeak)) }},
+		{"snapshotter peak RSS", "MiB", func(m *measured) float64 { return orNaN(mibOf(m.snapshotterPeak)) }},
+	}
+)
+
+// diskMetrics are the disk k checkpoints took: in all (snapshots, checkpoint images, content),
+// of it the filesystem state, and in all with cklite's dedup (computed; stock has none).
+func diskMetrics(k int) []metric {
+	return []metric{
+		{fmt.Sprintf("disk after %d ckpts", k), "MiB", func(m *measured) float64 { return mibOf(m.diskBytes) }},
+		{"  of it filesystem", "MiB", func(m *measured) float64 { return mibOf(m.fsBytes) }},
+		{"  in all with dedup", "MiB", func(m *measured) float64 {
+			if !m.dedup {
+				return math.NaN()
+			}
+			return mibOf(m.diskBytes - m.dedupSaved)
+		}},
+	}
+}
+
+func verified(n int) metric {
+	return metric{fmt.Sprintf("restores verified (of %d)", n), "ok", func(m *measured) float64 { return float64(m.verified) }}
+}
+
 // rows turns the measurements into the table's rows, per workload in the order run.
-func rows(all []series, results map[series]map[string]*measured, fanout map[int]map[string]*measured, k int) []report.Row {
+func rows(r results, k int) []report.Row {
 	var out []report.Row
-	add := func(w, p, metric, unit string, f func(*measured) float64, r map[string]*measured) {
-		out = append(out, report.Row{Workload: w, Param: p, Metric: metric, Unit: unit, Cklite: f(r["cklite"]), Stock: f(r["stock"])})
+	add := func(w, p string, by map[string]*measured, ms ...metric) {
+		for _, mt := range ms {
+			v := func(sys string) float64 {
+				if by[sys] == nil { // left out with -systems
+					return math.NaN()
+				}
+				return mt.f(by[sys])
+			}
+			out = append(out, report.Row{Workload: w, Param: p, Metric: mt.name, Unit: mt.unit, Cklite: v("cklite"), Stock: v("stock")})
+		}
 	}
-	for _, s := range all {
-		r := results[s]
-		add(s.workload, s.param, "checkpoint p50", "ms", func(m *measured) float64 { return percentile(m.checkpoint, 0.5) }, r)
-		add(s.workload, s.param, "checkpoint p95", "ms", func(m *measured) float64 { return percentile(m.checkpoint, 0.95) }, r)
-		add(s.workload, s.param, "downtime p50", "ms", func(m *measured) float64 { return percentile(m.downtime, 0.5) }, r)
-		add(s.workload, s.param, "downtime p95", "ms", func(m *measured) float64 { return percentile(m.downtime, 0.95) }, r)
-		add(s.workload, s.param, "rollback p50", "ms", func(m *measured) float64 { return percentile(m.rollback, 0.5) }, r)
-		add(s.workload, s.param, "rollback p95", "ms", func(m *measured) float64 { return percentile(m.rollback, 0.95) }, r)
-		add(s.workload, s.param, fmt.Sprintf("disk after %d ckpts", k), "MiB", func(m *measured) float64 { return float64(m.diskBytes) / mib }, r)
-		add(s.workload, s.param, "shim peak RSS", "MiB", func(m *measured) float64 { return float64(m.shimPeak) / mib }, r)
-		add(s.workload, s.param, fmt.Sprintf("restores verified (of %d)", r["cklite"].restores), "ok", func(m *measured) float64 { return float64(m.verified) }, r)
+	for _, s := range r.series {
+		by := r.bySeries[s]
+		add(s.workload, s.param, by,
+			metric{"checkpoint p50", "ms", p50(ckpt)}, metric{"checkpoint p95", "ms", p95(ckpt)},
+			metric{"downtime p50", "ms", p50(down)}, metric{"downtime p95", "ms", p95(down)},
+			metric{"rollback p50", "ms", p50(roll)}, metric{"rollback p95", "ms", p95(roll)})
+		add(s.workload, s.param, by, criuMetrics...)
+		add(s.workload, s.param, by, diskMetrics(k)...)
+		add(s.workload, s.param, by, memoryMetrics...)
+		add(s.workload, s.param, by, verified(by[systems[0]].restores))
 	}
-	ns := sortedKeys(fanout)
-	for _, n := range ns {
-		r, p := fanout[n], fmt.Sprintf("%d forks", n)
-		add("fan-out", p, "fork each p50", "ms", func(m *measured) float64 { return percentile(m.forkEach, 0.5) }, r)
-		add("fan-out", p, "fork total", "ms", func(m *measured) float64 { return msOf(m.forkTotal) }, r)
-		add("fan-out", p, "shim peak RSS", "MiB", func(m *measured) float64 { return float64(m.shimPeak) / mib }, r)
-		add("fan-out", p, fmt.Sprintf("restores verified (of %d)", n), "ok", func(m *measured) float64 { return float64(m.verified) }, r)
+	for _, n := range sortedKeys(r.fanout) {
+		by, p := r.fanout[n], fmt.Sprintf("%d forks", n)
+		add("fan-out", p, by,
+			metric{"fork each p50", "ms", p50(func(m *measured) []time.Duration { return m.forkEach })},
+			metric{"fork total", "ms", func(m *measured) float64 { return msOf(m.forkTotal) }},
+			metric{"disk per fork", "KiB", func(m *measured) float64 { return float64(m.diskBytes) / 1024 }},
+			memoryMetrics[0], verified(n))
+	}
+	if r.tree != nil {
+		by := r.tree
+		first := by[systems[0]]
+		p := fmt.Sprintf("%d nodes, %d rollbacks", len(first.checkpoint), len(first.rollback))
+		add("tree search", p, by,
+			metric{"C/R overhead total", "ms", func(m *measured) float64 { return msOf(m.overhead()) }},
+			metric{"checkpoints total", "ms", func(m *measured) float64 { return msOf(sum(m.checkpoint)) }},
+			metric{"rollbacks total", "ms", func(m *measured) float64 { return msOf(sum(m.rollback)) }},
+			metric{"checkpoint p50", "ms", p50(ckpt)}, metric{"rollback p50", "ms", p50(roll)},
+			metric{"agent + host work total", "ms", func(m *measured) float64 { return msOf(m.work) }},
+			metric{"verification total", "ms", func(m *measured) float64 { return msOf(m.verify) }})
+		add("tree search", p, by, criuMetrics[0], criuMetrics[1], criuMetrics[4])
+		add("tree search", p, by, diskMetrics(len(first.checkpoint))...)
+		add("tree search", p, by, memoryMetrics...)
+		add("tree search", p, by, verified(first.restores))
 	}
 	return out
 }
@@ -53,16 +163,16 @@ func sortedKeys[V any](m map[int]V) []int {
 
 // latencyChart is checkpoint and rollback p50 of both systems against the size of workload w,
 // with the idle workload as size 0.
-func latencyChart(title, xlabel, w string, size func(series) int, all []series, results map[series]map[string]*measured) report.Chart {
+func latencyChart(title, xlabel, w string, size func(series) int, r results) report.Chart {
 	c := report.Chart{Title: title, XLabel: xlabel, YLabel: "latency, p50 (ms)"}
 	for _, metric := range []string{"checkpoint", "rollback"} {
 		for _, sys := range systems {
 			s := report.Series{Name: sys + " " + metric, Dashed: metric == "rollback"}
-			for _, se := range all {
+			for _, se := range r.series {
 				if se.workload != w && se.workload != "idle" {
 					continue
 				}
-				m := results[se][sys]
+				m := r.bySeries[se][sys]
 				ds := m.checkpoint
 				if metric == "rollback" {
 					ds = m.rollback
@@ -88,9 +198,51 @@ func fanoutChart(fanout map[int]map[string]*measured) report.Chart {
 	return c
 }
 
+// diskChart is the disk grown against the number of checkpoints taken, for the filesystem
+// workload with the most data and for the tree search, on both systems.
+func diskChart(r results) report.Chart {
+	c := report.Chart{Title: "Disk vs number of checkpoints", XLabel: "checkpoints taken", YLabel: "disk grown (MiB)"}
+	var big *series
+	for i, s := range r.series {
+		if s.workload == "filesystem" && (big == nil || s.rootfsMB > big.rootfsMB) {
+			big = &r.series[i]
+		}
+	}
+	add := func(name string, m *measured, dashed bool) {
+		s := report.Series{Name: name, Dashed: dashed}
+		for i, d := range m.diskAfter {
+			s.Points = append(s.Points, report.Point{X: float64(i + 1), Y: mibOf(d)})
+		}
+		c.Series = append(c.Series, s)
+	}
+	for _, sys := range systems {
+		if big != nil {
+			add(fmt.Sprintf("%s, %d MB rootfs", sys, big.rootfsMB), r.bySeries[*big][sys], false)
+		}
+		if r.tree != nil {
+			add(sys+", tree search", r.tree[sys], true)
+		}
+	}
+	return c
+}
+
+// treeBars is where the tree search's time went, per system.
+func treeBars(tree map[string]*measured) report.Bars {
+	b := report.Bars{Title: "Tree search: where the time goes", YLabel: "seconds",
+		Groups: systems, Stacks: []string{"checkpoints", "rollbacks", "agent + host work", "verification"}}
+	for _, sys := range systems {
+		m := tree[sys]
+		b.Values = append(b.Values, []float64{sum(m.checkpoint).Seconds(), sum(m.rollback).Seconds(), m.work.Seconds(), m.verify.Seconds()})
+	}
+	return b
+}
+
+// svgWriter is a line chart or a bar chart.
+type svgWriter interface{ SVG(io.Writer) error }
+
 // writeResults prints the table and writes it as CSV and Markdown, with the charts, into o.out.
-func writeResults(o options, all []series, results map[series]map[string]*measured, fanout map[int]map[string]*measured, took time.Duration) error {
-	rs := rows(all, results, fanout, o.checkpoints)
+func writeResults(o options, r results, took time.Duration) error {
+	rs := rows(r, o.checkpoints)
 	fmt.Printf("\nResults (cklite/stock: below 1x cklite takes less time or space), %s in all:\n\n", took.Round(time.Second))
 	if err := report.Table(os.Stdout, rs); err != nil {
 		return err
@@ -103,12 +255,16 @@ func writeResults(o options, all []series, results map[series]map[string]*measur
 		return err
 	}
 	files := map[string][]byte{"results.csv": csvBuf.Bytes(), "results.md": mdBuf.Bytes()}
-	charts := map[string]report.Chart{
-		"latency-vs-memory.svg": latencyChart("Checkpoint and rollback vs memory held", "memory held (MB)", "memory", func(s series) int { return s.memMB }, all, results),
-		"latency-vs-rootfs.svg": latencyChart("Checkpoint and rollback vs data in the rootfs", "written to the rootfs (MB)", "filesystem", func(s series) int { return s.rootfsMB }, all, results),
+	charts := map[string]svgWriter{
+		"latency-vs-memory.svg":   latencyChart("Checkpoint and rollback vs memory held", "memory held (MB)", "memory", func(s series) int { return s.memMB }, r),
+		"latency-vs-rootfs.svg":   latencyChart("Checkpoint and rollback vs data in the rootfs", "written to the rootfs (MB)", "filesystem", func(s series) int { return s.rootfsMB }, r),
+		"disk-vs-checkpoints.svg": diskChart(r),
 	}
-	if len(fanout) > 0 {
-		charts["fork-total-vs-n.svg"] = fanoutChart(fanout)
+	if len(r.fanout) > 0 {
+		charts["fork-total-vs-n.svg"] = fanoutChart(r.fanout)
+	}
+	if r.tree != nil {
+		charts["tree-breakdown.svg"] = treeBars(r.tree)
 	}
 	for name, c := range charts {
 		var b bytes.Buffer

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,8 +22,6 @@ import (
 	imagespec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cklite/cklite/integration/harness"
-	"github.com/cklite/cklite/integration/shimproc"
-	"github.com/cklite/cklite/integration/workload"
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
 
@@ -31,6 +30,7 @@ const runcRuntime = "io.containerd.runc.v2"
 // sandbox is one container of the benchmark on one system, and the operations measured on it.
 // Every checkpoint is kept until close, so that any of them can be rolled back to or forked.
 type sandbox interface {
+	id() string
 	rootfs() string
 	// checkpoint takes checkpoint i (memory + filesystem), leaving the container running.
 	checkpoint(i int) error
@@ -40,35 +40,29 @@ type sandbox interface {
 	fork(i, n int, prefix string) ([]string, []time.Duration, error)
 	// diskDirs are the directories holding this system's snapshots and checkpoint images.
 	diskDirs() []string
+	// fsDisk is the part of the disk use that holds filesystem state, not CRIU images.
+	fsDisk() (int64, error)
 	// close removes the container, its checkpoints and what they hold on disk.
 	close() error
 }
 
-// start creates container id on runtime and snapshotter, running the busybox counter with the
-// probe next to it (holding memMB of memory), and starts its task.
-func (e *env) start(id, runtime, snapshotter string, memMB int) (client.Container, client.Task, error) {
-	script := fmt.Sprintf("probe -mem %d & %s", memMB, workload.CounterScript)
-	return e.d.Run(e.ctx, id, e.img, runtime, snapshotter, "sh", "-c", script)
+// start creates container id on runtime and snapshotter, running agent a, and starts its task.
+func (e *env) start(id, runtime, snapshotter string, a agentSpec) error {
+	img := e.img
+	if a.kind == pythonAgent {
+		img = e.sandbox
+	}
+	_, _, err := e.d.Run(e.ctx, id, img, runtime, snapshotter, a.args()...)
+	return err
 }
 
 func (e *env) newTask(c client.Container, opts ...client.NewTaskOpts) (client.Task, error) {
 	return e.d.StartTask(e.ctx, c, opts...)
 }
 
-func (e *env) remove(id string) error { return e.d.Remove(e.ctx, id) }
-
-// shimPeak is the peak resident memory (VmHWM, bytes) of the shim serving container id, 0 when
-// none is found.
-func (e *env) shimPeak(id string) uint64 {
-	pids := shimproc.Find(e.d.Address, id)
-	var peak uint64
-	for _, pid := range pids {
-		if m, err := shimproc.ReadMemory(pid); err == nil {
-			peak = max(peak, m.Peak)
-		}
-	}
-	return peak
-}
+// remove removes container id with its task and snapshot. It runs to the end after an interrupt
+// too (^C cancels e.ctx), so that the benchmark's clean-up leaves nothing running.
+func (e *env) remove(id string) error { return e.d.Remove(context.WithoutCancel(e.ctx), id) }
 
 // ckliteBox is a container on cklite: runtime io.containerd.cklite.v2 on cklite-snapshotter.
 // Checkpoints go straight to the task service with an image directory, as `cklite checkpoint
@@ -77,32 +71,38 @@ func (e *env) shimPeak(id string) uint64 {
 // with the rollback annotation), fork is `cklite fork`.
 type ckliteBox struct {
 	*env
-	id   string
+	cid  string
 	dirs map[int]string // image directory by checkpoint
 	ids  map[int]string // cklite checkpoint id by checkpoint
 }
 
-func (e *env) newCklite(id string, memMB int) (*ckliteBox, error) {
-	if _, _, err := e.start(id, harness.CkliteRuntime, ckliteSnapshotter, memMB); err != nil {
+func (e *env) newCklite(id string, a agentSpec) (*ckliteBox, error) {
+	if err := e.start(id, harness.CkliteRuntime, ckliteSnapshotter, a); err != nil {
 		return nil, err
 	}
-	return &ckliteBox{env: e, id: id, dirs: map[int]string{}, ids: map[int]string{}}, nil
+	return &ckliteBox{env: e, cid: id, dirs: map[int]string{}, ids: map[int]string{}}, nil
 }
 
-func (s *ckliteBox) rootfs() string { return s.d.RootfsPath(s.id) }
+func (s *ckliteBox) id() string { return s.cid }
 
-func (s *ckliteBox) imageRoot() string { return filepath.Join(s.d.Dir, "checkpoints", s.id) }
+func (s *ckliteBox) rootfs() string { return s.d.RootfsPath(s.cid) }
+
+func (s *ckliteBox) imageRoot() string { return filepath.Join(s.d.Dir, "checkpoints", s.cid) }
 
 func (s *ckliteBox) checkpoint(i int) error {
 	dir := filepath.Join(s.imageRoot(), fmt.Sprint(i))
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return err
 	}
-	opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: dir})
+	work, err := s.workDir(s.cid, i)
 	if err != nil {
 		return err
 	}
-	if _, err := s.d.Client().TaskService().Checkpoint(s.ctx, &tasks.CheckpointTaskRequest{ContainerID: s.id, Options: opts}); err != nil {
+	opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: dir, WorkPath: work})
+	if err != nil {
+		return err
+	}
+	if _, err := s.d.Client().TaskService().Checkpoint(s.ctx, &tasks.CheckpointTaskRequest{ContainerID: s.cid, Options: opts}); err != nil {
 		return errgrpc.ToNative(err)
 	}
 	m, err := checkpoint.Read(dir)
@@ -115,7 +115,7 @@ func (s *ckliteBox) checkpoint(i int) error {
 
 func (s *ckliteBox) rollback(i int) error {
 	_, err := s.d.Client().TaskService().Update(s.ctx, &tasks.UpdateTaskRequest{
-		ContainerID: s.id,
+		ContainerID: s.cid,
 		Annotations: map[string]string{checkpoint.RollbackKey: s.dirs[i]},
 	})
 	return errgrpc.ToNative(err)
@@ -151,7 +151,7 @@ func (s *ckliteBox) diskDirs() []string {
 }
 
 func (s *ckliteBox) close() error {
-	if err := s.remove(s.id); err != nil {
+	if err := s.remove(s.cid); err != nil {
 		return err
 	}
 	var ids []string
@@ -161,11 +161,11 @@ func (s *ckliteBox) close() error {
 	if len(ids) > 0 {
 		// --gc: the frozen layers go now, not at some later collection, so the next workload's
 		// disk measurement starts from a clean snapshotter.
-		if _, err := s.d.Cklite(s.ctx, append([]string{"checkpoint", "rm", "--gc"}, ids...)...); err != nil {
+		if _, err := s.d.Cklite(context.WithoutCancel(s.ctx), append([]string{"checkpoint", "rm", "--gc"}, ids...)...); err != nil {
 			return err
 		}
 	}
-	return os.RemoveAll(s.imageRoot())
+	return errors.Join(os.RemoveAll(s.imageRoot()), s.removeWorkDirs(s.cid))
 }
 
 // stockBox is a container on containerd's runc shim and overlayfs, driven as ctr drives it: a
@@ -174,21 +174,23 @@ func (s *ckliteBox) close() error {
 // made again from the checkpoint image, its rw diff applied onto a fresh snapshot).
 type stockBox struct {
 	*env
-	id     string
+	cid    string
 	images map[int]client.Image
 }
 
-func (e *env) newStock(id string, memMB int) (*stockBox, error) {
-	if _, _, err := e.start(id, runcRuntime, "overlayfs", memMB); err != nil {
+func (e *env) newStock(id string, a agentSpec) (*stockBox, error) {
+	if err := e.start(id, runcRuntime, "overlayfs", a); err != nil {
 		return nil, err
 	}
-	return &stockBox{env: e, id: id, images: map[int]client.Image{}}, nil
+	return &stockBox{env: e, cid: id, images: map[int]client.Image{}}, nil
 }
 
-func (s *stockBox) rootfs() string { return s.d.RootfsPath(s.id) }
+func (s *stockBox) id() string { return s.cid }
+
+func (s *stockBox) rootfs() string { return s.d.RootfsPath(s.cid) }
 
 func (s *stockBox) checkpoint(i int) error {
-	c, err := s.d.Client().LoadContainer(s.ctx, s.id)
+	c, err := s.d.Client().LoadContainer(s.ctx, s.cid)
 	if err != nil {
 		return err
 	}
@@ -196,11 +198,15 @@ func (s *stockBox) checkpoint(i int) error {
 	if err != nil {
 		return err
 	}
+	work, err := s.workDir(s.cid, i)
+	if err != nil {
+		return err
+	}
 	if err := task.Pause(s.ctx); err != nil {
 		return err
 	}
-	img, err := c.Checkpoint(s.ctx, fmt.Sprintf("checkpoint/%s:%d", s.id, i),
-		client.WithCheckpointRuntime, client.WithCheckpointTask, client.WithCheckpointRW)
+	img, err := c.Checkpoint(s.ctx, fmt.Sprintf("checkpoint/%s:%d", s.cid, i),
+		withWorkPath(work), client.WithCheckpointRuntime, client.WithCheckpointTask, client.WithCheckpointRW)
 	if rerr := task.Resume(s.ctx); err == nil {
 		err = rerr
 	}
@@ -212,10 +218,10 @@ func (s *stockBox) checkpoint(i int) error {
 }
 
 func (s *stockBox) rollback(i int) error {
-	if err := s.remove(s.id); err != nil {
+	if err := s.remove(s.cid); err != nil {
 		return err
 	}
-	_, err := s.restore(s.id, i, nil)
+	_, err := s.restore(s.cid, i, nil)
 	return err
 }
 
@@ -255,6 +261,15 @@ func (s *stockBox) fork(i, n int, prefix string) ([]string, []time.Duration, err
 	return ids, took, nil
 }
 
+// withWorkPath has CRIU keep its logs and stats in dir, as ctr's --work-path does; it must come
+// before WithCheckpointTask, which sends the options.
+func withWorkPath(dir string) client.CheckpointOpts {
+	return func(_ context.Context, _ *client.Client, _ *containers.Container, _ *imagespec.Index, o *runcopts.CheckpointOptions) error {
+		o.WorkPath = dir
+		return nil
+	}
+}
+
 // ownCgroup points the restored container's spec at the cgroup containerd would give a new
 // container id (/NAMESPACE/ID), instead of the checkpointed container's.
 func ownCgroup(namespace, id string) client.RestoreOpts {
@@ -285,14 +300,14 @@ func (s *stockBox) diskDirs() []string {
 }
 
 func (s *stockBox) close() error {
-	if err := s.remove(s.id); err != nil {
+	if err := s.remove(s.cid); err != nil {
 		return err
 	}
 	for _, img := range s.images {
 		// Synchronous: the garbage collection that frees the checkpoints' content runs now.
-		if err := s.d.Client().ImageService().Delete(s.ctx, img.Name(), images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
+		if err := s.d.Client().ImageService().Delete(context.WithoutCancel(s.ctx), img.Name(), images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
 	}
-	return nil
+	return s.removeWorkDirs(s.cid)
 }

@@ -38,7 +38,7 @@ func format(v float64, unit string) string {
 		return "-"
 	case unit == "ms" && v < 10:
 		return fmt.Sprintf("%.1f %s", v, unit)
-	case unit == "ms" || unit == "MiB":
+	case unit == "ms" || unit == "MiB" || unit == "KiB":
 		return fmt.Sprintf("%.0f %s", v, unit)
 	default:
 		return strconv.FormatFloat(v, 'f', -1, 64) + " " + unit

@@ -45,19 +45,13 @@ func (c Chart) SVG(w io.Writer) error {
 	y := func(v float64) float64 { return top + ph - v/ymax*ph }
 
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(c.Title))
-	// Grid and ticks: five steps on each axis.
+	writeFrame(&b, c.Title, c.YLabel, ymax)
+	// X ticks: five steps.
 	for i := 0; i <= 5; i++ {
-		yv, xv := ymax*float64(i)/5, xmax*float64(i)/5
-		fmt.Fprintf(&b, `<line x1="%d" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, left+pw, y(yv), y(yv))
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, y(yv)+4, tick(yv))
+		xv := xmax * float64(i) / 5
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", x(xv), top+ph+16, tick(xv))
 	}
-	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="none" stroke="#444"/>`+"\n", left, top, pw, ph)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", left+pw/2, height-12, html.EscapeString(c.XLabel))
-	fmt.Fprintf(&b, `<text transform="translate(16 %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", top+ph/2, html.EscapeString(c.YLabel))
 	for i, s := range c.Series {
 		color := palette[i%len(palette)]
 		dash := ""
@@ -79,6 +73,23 @@ func (c Chart) SVG(w io.Writer) error {
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeFrame opens an SVG document of the charts' size and writes its title, the plot area's
+// frame, horizontal grid lines with y ticks in five steps up to ymax, and the y label.
+func writeFrame(b *strings.Builder, title, ylabel string, ymax float64) {
+	pw, ph := float64(width-left-right), float64(height-top-base)
+	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	fmt.Fprintf(b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
+	for i := 0; i <= 5; i++ {
+		yv := ymax * float64(i) / 5
+		yp := top + ph - yv/ymax*ph
+		fmt.Fprintf(b, `<line x1="%d" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, left+pw, yp, yp)
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, yp+4, tick(yv))
+	}
+	fmt.Fprintf(b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="none" stroke="#444"/>`+"\n", left, top, pw, ph)
+	fmt.Fprintf(b, `<text transform="translate(16 %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", top+ph/2, html.EscapeString(ylabel))
 }
 
 // niceCeil rounds v up to 1, 2 or 5 times a power of ten, so that the ticks are round numbers.

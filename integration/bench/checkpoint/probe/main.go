@@ -1,6 +1,6 @@
 // Command probe runs inside the benchmark's containers, next to the busybox counter. It holds
 // -mem MB of touched memory (the memory workload; 0 for the others) and measures, from inside,
-// how long the container stops during a checkpoint: it ticks every millisecond and appends every
+// how long the container stops during a checkpoint: it ticks every millisecond (-tick) and appends every
 // gap between ticks longer than -min-gap to /tmp/gaps as "END_UNIX_NANO GAP_NANO". A CRIU dump
 // freezes it and a restore resumes it, so the gap is the downtime the container's processes saw.
 // It also writes "TOKEN TICKS" to /tmp/probe, so the benchmark can tell that a restored container
@@ -24,6 +24,7 @@ var held []byte
 
 func main() {
 	mem := flag.Int("mem", 0, "`MB` of memory to allocate and touch")
+	tick := flag.Duration("tick", time.Millisecond, "how often to tick")
 	minGap := flag.Duration("min-gap", 10*time.Millisecond, "record gaps between ticks longer than this")
 	flag.Parse()
 
@@ -41,7 +42,7 @@ func main() {
 	last := time.Now()
 	var ticks uint64
 	for {
-		time.Sleep(time.Millisecond)
+		time.Sleep(*tick)
 		now := time.Now()
 		// time.Now carries the monotonic clock: a restore on the same host continues it, so
 		// the difference is the real time the process did not run.
@@ -50,7 +51,7 @@ func main() {
 		}
 		last = now
 		ticks++
-		if ticks%20 == 0 {
+		if ticks%max(1, uint64(20*time.Millisecond / *tick)) == 0 {
 			status(fmt.Sprintf("%s %d %d\n", tok, ticks, sum))
 		}
 	}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type options struct {
+	mode               string // "quick" or "full"
+	systems            []string
+	out                string
+	memMB, rootfsMB    []int
+	forks              []int
+	checkpoints, rolls int
+	agentMemMB         int // the python agent sandbox's memory; with agentFiles 0 the workload is left out
+	agentFiles         int
+	tree               treeConfig // expansions 0: left out
+}
+
+// modes are the presets -full picks from; a flag given on the command line wins over its preset.
+// The quick mode keeps `make bench` within 10 minutes on 2 cores: the tree search runs the
+// busybox agent (a shell), which restores in a fraction of python's time; the full mode runs
+// every size the issue names and the tree search on the python sandbox.
+var modes = map[string]map[string]string{
+	"quick": {
+		"mem-mb": "256", "rootfs-mb": "200", "forks": "1,10",
+		"agent-mem-mb": "64", "agent-files": "2000",
+		"tree-agent": string(busyboxAgent), "tree-files": "2000",
+	},
+	"full": {
+		"mem-mb": "0,256,1024", "rootfs-mb": "0,200,1000", "forks": "1,10,100",
+		"agent-mem-mb": "256", "agent-files": "3000",
+		"tree-agent": string(pythonAgent), "tree-files": "3000",
+	},
+}
+
+func parseOptions(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	full := fs.Bool("full", false, "full mode: memory 0/256/1024 MB, rootfs 0/200/1000 MB, 1/10/100 forks, the tree search on the python sandbox (default: quick mode, 7-9 minutes here)")
+	fs.StringVar(&o.out, "out", "", "results `DIR` (default bench-results/TIME)")
+	lists := map[string]*string{}
+	for _, f := range []struct{ name, usage string }{
+		{"mem-mb", "comma-separated `SIZES` of held memory for the memory workload (0 is the idle workload)"},
+		{"rootfs-mb", "comma-separated `SIZES` written to the rootfs for the filesystem workload (0 is the idle workload)"},
+		{"forks", "comma-separated fan-out `COUNTS`"},
+		{"agent-mem-mb", "`MB` the python agent sandbox holds"},
+		{"agent-files", "`FILES` in the python agent sandbox's project (0 leaves the workload out)"},
+		{"tree-agent", "the tree search's agent: busybox or python"},
+		{"tree-files", "`FILES` in the tree search's project"},
+	} {
+		lists[f.name] = fs.String(f.name, "", f.usage+"; default: the mode's")
+	}
+	only := fs.String("systems", "", "measure only `SYSTEM` (cklite or stock); default both, taking turns")
+	fs.IntVar(&o.checkpoints, "checkpoints", 8, "checkpoints per workload and system")
+	fs.IntVar(&o.rolls, "rollbacks", 4, "rollbacks per workload and system")
+	fs.IntVar(&o.tree.expansions, "tree-expansions", 100, "expansions of the tree search (0 leaves it out)")
+	fs.IntVar(&o.tree.rollbacks, "tree-rollbacks", 49, "rollbacks of the tree search")
+	fs.IntVar(&o.tree.maxDepth, "tree-depth", 8, "depth of the tree search")
+	fs.Uint64Var(&o.tree.seed, "tree-seed", 6, "seed of the tree search's tree")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	o.systems = allSystems
+	if *only != "" {
+		if !slices.Contains(allSystems, *only) {
+			return o, fmt.Errorf("-systems %q: want cklite or stock", *only)
+		}
+		o.systems = []string{*only}
+	}
+	o.mode = "quick"
+	if *full {
+		o.mode = "full"
+	}
+	// Only flags left off take the mode's value: an empty list given leaves the workload out.
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for name, v := range lists {
+		if !given[name] {
+			*v = modes[o.mode][name]
+		}
+	}
+	var errs []error
+	ints := func(name string) []int {
+		l, err := parseList("-"+name, *lists[name])
+		errs = append(errs, err)
+		return l
+	}
+	one := func(name string) int {
+		l := ints(name)
+		if len(l) != 1 {
+			errs = append(errs, fmt.Errorf("-%s: want one number", name))
+			return 0
+		}
+		return l[0]
+	}
+	o.memMB, o.rootfsMB, o.forks = ints("mem-mb"), ints("rootfs-mb"), ints("forks")
+	o.agentMemMB, o.agentFiles, o.tree.files = one("agent-mem-mb"), one("agent-files"), one("tree-files")
+	switch o.tree.agent = agentKind(*lists["tree-agent"]); o.tree.agent {
+	case busyboxAgent, pythonAgent:
+	default:
+		errs = append(errs, fmt.Errorf("-tree-agent %q: want busybox or python", o.tree.agent))
+	}
+	if o.checkpoints < 1 || o.rolls < 1 {
+		errs = append(errs, errors.New("-checkpoints and -rollbacks: want at least 1"))
+	}
+	if o.tree.expansions > 0 && o.tree.files < 1 {
+		errs = append(errs, errors.New("-tree-files: want at least 1"))
+	}
+	if o.out == "" {
+		o.out = filepath.Join("bench-results", time.Now().Format("20060102-150405"))
+	}
+	return o, errors.Join(errs...)
+}
+
+func parseList(name, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%s %q: want non-negative numbers, such as 0,256", name, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// needsSandbox says whether a workload runs the python agent, whose image is imported then.
+func (o options) needsSandbox() bool {
+	return o.agentFiles > 0 || (o.tree.expansions > 0 && o.tree.agent == pythonAgent)
+}
+
+// series lists the checkpoint/rollback workloads o selects, in the order they run.
+func (o options) series() []series {
+	all := []series{{workload: "idle", param: "busybox counter", agent: busyboxAgent}}
+	for _, mb := range o.memMB {
+		if mb > 0 {
+			all = append(all, series{workload: "memory", param: fmt.Sprintf("%d MB", mb), agent: busyboxAgent, memMB: mb})
+		}
+	}
+	for _, mb := range o.rootfsMB {
+		if mb > 0 {
+			all = append(all, series{workload: "filesystem", param: fmt.Sprintf("%d MB + 1 MB/ckpt", mb), agent: busyboxAgent, rootfsMB: mb})
+		}
+	}
+	if o.agentFiles > 0 {
+		all = append(all, series{workload: "agent", param: fmt.Sprintf("python, %d MB, %d files", o.agentMemMB, o.agentFiles),
+			agent: pythonAgent, memMB: o.agentMemMB, files: o.agentFiles})
+	}
+	return all
+}
