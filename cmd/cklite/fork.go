@@ -21,6 +21,7 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	fs.StringVar(&opts.Prefix, "prefix", "", "name the forks `PREFIX`-1 ... PREFIX-N (default: the checkpointed container's nerdctl name, or else its id, + \"-fork\")")
 	imagePath := fs.String("image-path", "", "restore from the CRIU image directory `DIR` (default: the one the checkpoint was taken into); CHECKPOINT may then be left out")
 	fs.StringVar(&opts.LogDir, "log-dir", "", "write each fork's stdout and stderr to `DIR`/ID.log (default: discard them)")
+	fs.IntVar(&opts.Parallel, "parallel", 4, "start up to `N` forks at once")
 	fs.BoolVar(&opts.CleanupOnError, "cleanup-on-error", false, "if a fork fails, remove the forks already started (by default they stay)")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) > 1 || (len(args) == 0 && *imagePath == "") {
@@ -28,6 +29,9 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		}
 		if opts.Count < 1 {
 			return fmt.Errorf("-n %d: want at least one fork: %w", opts.Count, errdefs.ErrInvalidArgument)
+		}
+		if opts.Parallel < 1 {
+			return fmt.Errorf("--parallel %d: want at least one: %w", opts.Parallel, errdefs.ErrInvalidArgument)
 		}
 		if opts.LogDir != "" {
 			dir, err := filepath.Abs(opts.LogDir)

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
@@ -35,7 +36,10 @@ type Options struct {
 	LogDir string
 	// CleanupOnError removes the forks already started when one fails; otherwise they stay.
 	CleanupOnError bool
-	// Progress, when set, is called after each fork starts.
+	// Parallel is how many forks start at once (at least one). A fork's restore spends much of
+	// its time waiting on containerd, the shim and CRIU's children, so several overlap well.
+	Parallel int
+	// Progress, when set, is called after each fork starts, one call at a time.
 	Progress func(Fork)
 }
 
@@ -52,9 +56,10 @@ type Report struct {
 	Took    time.Duration
 }
 
-// Run makes opts.Count forks of src in the namespace of ctx, one after the other, and returns
-// when all run. If one fails, it stops there: the failed fork is removed, the ones started before
-// it stay unless opts.CleanupOnError, and the error names the fork and why.
+// Run makes opts.Count forks of src in the namespace of ctx, opts.Parallel at a time, and returns
+// when all run. If one fails, no further fork starts: the failed fork is removed, the ones started
+// (and those still starting, once they have) stay unless opts.CleanupOnError, and the error names
+// the fork and why.
 func Run(ctx context.Context, c *client.Client, src Source, opts Options) (Report, error) {
 	ns, err := namespaces.NamespaceRequired(ctx)
 	if err != nil {
@@ -102,23 +107,56 @@ func run(ctx context.Context, f forker, names []string, opts Options) (Report, e
 		}
 	}
 	began := time.Now()
-	var rep Report
+	var (
+		mu      sync.Mutex
+		failed  []error
+		running = make([]*Fork, len(names)) // by position in names, whatever order they start in
+		slots   = make(chan struct{}, max(opts.Parallel, 1))
+		wg      sync.WaitGroup
+	)
+	stopped := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(failed) > 0
+	}
 	for i, id := range names {
-		start := time.Now()
-		if err := f.start(ctx, id); err != nil {
-			err = fmt.Errorf("fork %d of %d (%s): %w", i+1, len(names), id, err)
-			if opts.CleanupOnError {
-				err = errors.Join(err, removeAll(context.WithoutCancel(ctx), f, &rep))
+		slots <- struct{}{}
+		if stopped() {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			start := time.Now()
+			err := f.start(ctx, id)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed = append(failed, fmt.Errorf("fork %d of %d (%s): %w", i+1, len(names), id, err))
+				return
 			}
-			rep.Took = time.Since(began)
-			return rep, err
+			fk := Fork{ID: id, Took: time.Since(start)}
+			log.G(ctx).WithField("fork", id).WithField("took", fk.Took).Debug("fork running")
+			running[i] = &fk
+			if opts.Progress != nil {
+				opts.Progress(fk)
+			}
+		}()
+	}
+	wg.Wait()
+	var rep Report
+	for _, fk := range running {
+		if fk != nil {
+			rep.Forks = append(rep.Forks, *fk)
 		}
-		fk := Fork{ID: id, Took: time.Since(start)}
-		log.G(ctx).WithField("fork", id).WithField("took", fk.Took).Debug("fork running")
-		rep.Forks = append(rep.Forks, fk)
-		if opts.Progress != nil {
-			opts.Progress(fk)
+	}
+	if len(failed) > 0 {
+		err := errors.Join(failed...)
+		if opts.CleanupOnError {
+			err = errors.Join(err, removeAll(context.WithoutCancel(ctx), f, &rep))
 		}
+		rep.Took = time.Since(began)
+		return rep, err
 	}
 	rep.Took = time.Since(began)
 	return rep, nil

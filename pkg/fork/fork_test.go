@@ -6,7 +6,9 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 )
@@ -15,6 +17,8 @@ import (
 type fakeForker struct {
 	taken, fail, keep []string
 	started, removed  []string
+	mu                sync.Mutex
+	active, most      int // forks starting at once: now, at most
 }
 
 func (f *fakeForker) exists(_ context.Context, id string) (bool, error) {
@@ -22,6 +26,14 @@ func (f *fakeForker) exists(_ context.Context, id string) (bool, error) {
 }
 
 func (f *fakeForker) start(_ context.Context, id string) error {
+	f.mu.Lock()
+	f.active++
+	f.most = max(f.most, f.active)
+	f.mu.Unlock()
+	time.Sleep(time.Millisecond) // long enough for the forks allowed at once to overlap
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.active--
 	if slices.Contains(f.fail, id) {
 		return errors.New("criu failed")
 	}
@@ -30,6 +42,8 @@ func (f *fakeForker) start(_ context.Context, id string) error {
 }
 
 func (f *fakeForker) remove(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if slices.Contains(f.keep, id) {
 		return errors.New("task busy")
 	}
@@ -41,7 +55,7 @@ func TestRun(t *testing.T) {
 	names := []string{"w-1", "w-2", "w-3", "w-4"}
 	for _, tc := range []struct {
 		name        string
-		fake        fakeForker
+		fake        *fakeForker
 		cleanup     bool
 		wantStarted []string
 		wantRunning []string // Report.Forks
@@ -51,43 +65,44 @@ func TestRun(t *testing.T) {
 	}{
 		{
 			name:        "all start",
+			fake:        &fakeForker{},
 			wantStarted: names, wantRunning: names,
 		},
 		{
 			name:  "a name taken: nothing starts",
-			fake:  fakeForker{taken: []string{"w-3"}},
+			fake:  &fakeForker{taken: []string{"w-3"}},
 			isErr: errdefs.IsAlreadyExists, says: []string{"w-3 already exists"},
 		},
 		{
 			name:        "fork 3 fails: the two before it stay",
-			fake:        fakeForker{fail: []string{"w-3"}},
+			fake:        &fakeForker{fail: []string{"w-3"}},
 			wantStarted: names[:2], wantRunning: names[:2],
 			says: []string{"fork 3 of 4 (w-3): criu failed"},
 		},
 		{
 			name:        "fork 3 fails, cleanup: the two before it are removed",
-			fake:        fakeForker{fail: []string{"w-3"}},
+			fake:        &fakeForker{fail: []string{"w-3"}},
 			cleanup:     true,
 			wantStarted: names[:2], wantRemoved: names[:2],
 			says: []string{"fork 3 of 4 (w-3): criu failed"},
 		},
 		{
 			name:        "cleanup cannot remove one: it stays and is named",
-			fake:        fakeForker{fail: []string{"w-3"}, keep: []string{"w-1"}},
+			fake:        &fakeForker{fail: []string{"w-3"}, keep: []string{"w-1"}},
 			cleanup:     true,
 			wantStarted: names[:2], wantRunning: names[:1], wantRemoved: names[1:2],
 			says: []string{"fork 3 of 4 (w-3): criu failed", "remove fork w-1: task busy"},
 		},
 		{
 			name:    "first fork fails, cleanup: nothing to remove",
-			fake:    fakeForker{fail: []string{"w-1"}},
+			fake:    &fakeForker{fail: []string{"w-1"}},
 			cleanup: true,
 			says:    []string{"fork 1 of 4 (w-1)"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var progress []string
-			rep, err := run(context.Background(), &tc.fake, names, Options{
+			rep, err := run(context.Background(), tc.fake, names, Options{
 				CleanupOnError: tc.cleanup,
 				Progress:       func(f Fork) { progress = append(progress, f.ID) },
 			})
@@ -121,5 +136,42 @@ func TestRun(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunParallel starts forks several at a time: never more, in any order, reported in name
+// order; after a failure whatever started is removed with CleanupOnError.
+func TestRunParallel(t *testing.T) {
+	names := []string{"p-1", "p-2", "p-3", "p-4", "p-5", "p-6", "p-7", "p-8"}
+	for _, parallel := range []int{2, 4} {
+		f := &fakeForker{}
+		rep, err := run(context.Background(), f, names, Options{Parallel: parallel})
+		if err != nil {
+			t.Fatalf("parallel %d: %v", parallel, err)
+		}
+		if f.most != parallel {
+			t.Errorf("parallel %d: %d forks started at once", parallel, f.most)
+		}
+		var running []string
+		for _, fk := range rep.Forks {
+			running = append(running, fk.ID)
+		}
+		if !reflect.DeepEqual(running, names) {
+			t.Errorf("parallel %d: reported %v, want %v", parallel, running, names)
+		}
+	}
+
+	f := &fakeForker{fail: []string{"p-3"}}
+	rep, err := run(context.Background(), f, names, Options{Parallel: 3, CleanupOnError: true})
+	if err == nil || !strings.Contains(err.Error(), "fork 3 of 8 (p-3): criu failed") {
+		t.Fatalf("run error %v, want fork 3's", err)
+	}
+	if len(rep.Forks) != 0 || len(f.started) == 0 || len(f.started) > 7 {
+		t.Fatalf("after the failure: %v still running, %v started", rep.Forks, f.started)
+	}
+	slices.Sort(f.started)
+	slices.Sort(f.removed)
+	if !reflect.DeepEqual(f.removed, f.started) {
+		t.Fatalf("removed %v, want every fork started: %v", f.removed, f.started)
 	}
 }
