@@ -286,14 +286,19 @@ func TestCLIFork(t *testing.T) {
 	if want := fmt.Sprintf("forking checkpoint %s into 3 forks (images in %s)", m.ID, dir); lines[0] != want {
 		t.Fatalf("cklite fork printed %q first, want %q", lines[0], want)
 	}
+	// Forks start several at once, so their lines come in the order they end up running.
 	var ids []string
 	for i, l := range lines[1:4] {
 		sub := forkLineRE.FindStringSubmatch(l)
-		if want := fmt.Sprintf("web-fork-%d", i+1); sub == nil || sub[1] != want {
-			t.Fatalf("progress line %d is %q, want %s running", i+1, l, want)
+		if sub == nil {
+			t.Fatalf("progress line %d is %q, want a fork running", i+1, l)
 		}
 		t.Logf("timing: fork %s restored in %s", sub[1], sub[2])
 		ids = append(ids, sub[1])
+	}
+	slices.Sort(ids)
+	if want := []string{"web-fork-1", "web-fork-2", "web-fork-3"}; !slices.Equal(ids, want) {
+		t.Fatalf("progress lines name %v, want %v", ids, want)
 	}
 	if !regexp.MustCompile(`^3 forks running in \S+ \(\S+ each on average\)$`).MatchString(lines[4]) {
 		t.Fatalf("cklite fork's last line is %q, want the total", lines[4])
