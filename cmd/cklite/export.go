@@ -20,6 +20,7 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
+	"github.com/cklite/cklite/pkg/ckimage/export"
 )
 
 func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
@@ -34,7 +35,7 @@ func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if *ref == "" {
 			return fmt.Errorf("--ref names the image to write: %w", errdefs.ErrInvalidArgument)
 		}
-		mediaType, err := ckimage.LayerMediaType(*compression)
+		mediaType, err := export.LayerMediaType(*compression)
 		if err != nil {
 			return err
 		}
@@ -84,7 +85,7 @@ type exporter struct {
 type source struct {
 	criuDir string
 	meta    checkpoint.Meta
-	archive *ckimage.Archive
+	archive *export.Archive
 	tmp     string // removed by close
 }
 
@@ -106,7 +107,7 @@ func (e *exporter) source(ctx context.Context, arg string) (src source, retErr e
 	info, err := os.Stat(arg)
 	switch {
 	case err == nil && info.Mode().IsRegular():
-		a, err := ckimage.OpenArchive(arg, os.TempDir())
+		a, err := export.OpenArchive(arg, os.TempDir())
 		if err != nil {
 			return src, err
 		}
@@ -153,7 +154,7 @@ func (e *exporter) checkpointDir(ctx context.Context, name string) (dir string, 
 	if ierr != nil {
 		return "", false, fmt.Errorf("%q is no checkpoint archive, image directory, checkpoint id or checkpoint image: %w", name, errdefs.ErrNotFound)
 	}
-	dir, err = ckimage.OpenCheckpointImage(ctx, e.ctrd.ContentStore(), img.Name, img.Target, os.TempDir())
+	dir, err = export.OpenCheckpointImage(ctx, e.ctrd.ContentStore(), img.Name, img.Target, os.TempDir())
 	return dir, err == nil, err
 }
 
@@ -168,7 +169,7 @@ func (e *exporter) export(ctx context.Context, src source, ref string) (images.I
 	if err != nil {
 		return images.Image{}, err
 	}
-	top, err := ckimage.BaseChainID(ctx, e.ctrd.ContentStore(), base, platforms.Default())
+	top, err := export.BaseChainID(ctx, e.ctrd.ContentStore(), base, platforms.Default())
 	if err != nil {
 		return images.Image{}, err
 	}
@@ -177,12 +178,12 @@ func (e *exporter) export(ctx context.Context, src source, ref string) (images.I
 			src.meta.ID, parent, base.Name, top, errdefs.ErrFailedPrecondition)
 	}
 	fmt.Fprintf(e.progress, "checkpoint %s of container %s: %d frozen layer(s) on image %s\n", src.meta.ID, src.meta.Container, len(chain), base.Name)
-	deltas, err := ckimage.Deltas(ctx, sn, e.ctrd.DiffService(), e.ctrd.ContentStore(), e.mediaType, parent, chain, e.progress)
+	deltas, err := export.Deltas(ctx, sn, e.ctrd.DiffService(), e.ctrd.ContentStore(), e.mediaType, parent, chain, e.progress)
 	if err != nil {
 		return images.Image{}, err
 	}
 	cs := e.ctrd.ContentStore()
-	target, err := ckimage.Write(ctx, cs, ckimage.Spec{Base: base, Deltas: deltas, CRIUDir: src.criuDir, Meta: src.meta, Spec: spec})
+	target, err := export.Write(ctx, cs, export.Spec{Base: base, Deltas: deltas, CRIUDir: src.criuDir, Meta: src.meta, Spec: spec})
 	if err != nil {
 		return images.Image{}, err
 	}
@@ -247,7 +248,7 @@ func (e *exporter) chain(ctx context.Context, sn snapshots.Snapshotter, meta che
 	if err != nil {
 		return nil, "", fmt.Errorf("frozen layer %s of checkpoint %s: %w", meta.Frozen, meta.ID, err)
 	}
-	return ckimage.Chain(ctx, sn, meta.Frozen)
+	return export.Chain(ctx, sn, meta.Frozen)
 }
 
 // exportArchive writes image name as an OCI archive to path.

@@ -173,7 +173,7 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %v: %w", desc.Digest, err, errdefs.ErrDataLoss)
 	}
 	defer r.Close()
-	if err := untar(r, dir); err != nil {
+	if err := Untar(r, dir); err != nil {
 		if errdefs.IsNotFound(err) { // known to containerd's metadata, gone from the disk
 			return missing(desc, err)
 		}
@@ -197,9 +197,9 @@ func missing(desc ocispec.Descriptor, err error) error {
 	return fmt.Errorf("the CRIU images of the checkpoint image (blob %s, %d bytes) are not in the content store (image not pulled completely?): %w", desc.Digest, desc.Size, err)
 }
 
-// untar writes the regular files and directories of the tar r below dir; anything else, or a
+// Untar writes the regular files and directories of the tar r below dir; anything else, or a
 // name leaving dir, is refused.
-func untar(r io.Reader, dir string) error {
+func Untar(r io.Reader, dir string) error {
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()

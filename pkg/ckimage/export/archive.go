@@ -1,4 +1,4 @@
-package ckimage
+package export
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cklite/cklite/pkg/ckimage"
 )
 
 // Archive is a checkpoint archive as the CRI's CheckpointContainer writes it (the kubelet's
@@ -71,7 +73,7 @@ func OpenCheckpointImage(ctx context.Context, cs content.Provider, name string, 
 	if err != nil {
 		return "", err
 	}
-	if err := untar(r, dir); err != nil {
+	if err := ckimage.Untar(r, dir); err != nil {
 		os.RemoveAll(dir)
 		return "", fmt.Errorf("CRIU images of checkpoint image %s: %w", name, err)
 	}
@@ -91,7 +93,7 @@ func OpenArchive(path, tmpRoot string) (Archive, error) {
 		return Archive{}, err
 	}
 	a := Archive{Dir: dir}
-	if err := untar(f, dir); err != nil {
+	if err := ckimage.Untar(f, dir); err != nil {
 		os.RemoveAll(dir)
 		return Archive{}, fmt.Errorf("checkpoint archive %s: %w: %w", path, err, errdefs.ErrInvalidArgument)
 	}

@@ -1,4 +1,7 @@
-package ckimage
+// Package export writes cklite checkpoint images (see package ckimage for the format): the deltas
+// of a checkpoint's frozen chain, the image itself, and OCI archives of it, for `cklite checkpoint
+// export` and `import`.
+package export
 
 import (
 	"archive/tar"
@@ -26,6 +29,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/ckimage"
 )
 
 // Layer is one delta layer of a checkpoint image: a blob in the content store and the digest of
@@ -67,7 +71,7 @@ func Write(ctx context.Context, cs content.Store, s Spec) (ocispec.Descriptor, e
 	}
 	// A checkpoint of a container restored from a checkpoint image stacks on that image: its
 	// layers, not its CRIU images.
-	baseLayers := slices.DeleteFunc(slices.Clone(base.Layers), func(d ocispec.Descriptor) bool { return d.MediaType == MediaTypeCheckpoint })
+	baseLayers := slices.DeleteFunc(slices.Clone(base.Layers), func(d ocispec.Descriptor) bool { return d.MediaType == ckimage.MediaTypeCheckpoint })
 	if len(cfg.RootFS.DiffIDs) != len(baseLayers) {
 		return ocispec.Descriptor{}, fmt.Errorf("base image %s has %d layers and %d diff ids: %w", s.Base.Name, len(baseLayers), len(cfg.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
 	}
@@ -93,7 +97,7 @@ func Write(ctx context.Context, cs content.Store, s Spec) (ocispec.Descriptor, e
 		Config:    configDesc,
 		Layers:    layers,
 		Annotations: map[string]string{
-			LabelCheckpoint:                 s.Meta.ID,
+			ckimage.LabelCheckpoint:         s.Meta.ID,
 			ocispec.AnnotationBaseImageName: s.Base.Name,
 		},
 	}
@@ -112,7 +116,7 @@ func checkpointConfig(cfg *ocispec.Image, s Spec) error {
 		labels = map[string]string{}
 	}
 	// On a checkpoint image, the originals are in its labels already.
-	if !IsMarker(cfg.Config.Entrypoint) {
+	if !ckimage.IsMarker(cfg.Config.Entrypoint) {
 		entrypoint, err := json.Marshal(cfg.Config.Entrypoint)
 		if err != nil {
 			return err
@@ -121,21 +125,21 @@ func checkpointConfig(cfg *ocispec.Image, s Spec) error {
 		if err != nil {
 			return err
 		}
-		labels[LabelEntrypoint] = string(entrypoint)
-		labels[LabelCmd] = string(cmd)
-		labels[LabelBase] = s.Base.Name
+		labels[ckimage.LabelEntrypoint] = string(entrypoint)
+		labels[ckimage.LabelCmd] = string(cmd)
+		labels[ckimage.LabelBase] = s.Base.Name
 	}
-	labels[LabelCheckpoint] = s.Meta.ID
-	delete(labels, LabelBindMounts) // the base's, if a checkpoint image
+	labels[ckimage.LabelCheckpoint] = s.Meta.ID
+	delete(labels, ckimage.LabelBindMounts) // the base's, if a checkpoint image
 	if s.Spec != nil {
-		mounts, err := json.Marshal(BindMounts(s.Spec))
+		mounts, err := json.Marshal(ckimage.BindMounts(s.Spec))
 		if err != nil {
 			return err
 		}
-		labels[LabelBindMounts] = string(mounts)
+		labels[ckimage.LabelBindMounts] = string(mounts)
 	}
 	cfg.Config.Labels = labels
-	cfg.Config.Entrypoint = []string{Marker}
+	cfg.Config.Entrypoint = []string{ckimage.Marker}
 	cfg.Config.Cmd = nil
 	now := time.Now().UTC()
 	cfg.Created = &now
@@ -162,7 +166,7 @@ func writeJSON(ctx context.Context, cs content.Store, mediaType string, v any, l
 	return desc, nil
 }
 
-// writeDirTar stores the files of dir as a zstd-compressed tar of MediaTypeCheckpoint. The tar
+// writeDirTar stores the files of dir as a zstd-compressed tar of ckimage.MediaTypeCheckpoint. The tar
 // is reproducible (sorted, no times, no owners).
 func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec.Descriptor, error) {
 	if _, err := checkpoint.Read(dir); err != nil {
@@ -193,7 +197,7 @@ func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec
 		return ocispec.Descriptor{}, fmt.Errorf("compress CRIU images of %s: %w", dir, err)
 	}
 	desc := ocispec.Descriptor{
-		MediaType:   MediaTypeCheckpoint,
+		MediaType:   ckimage.MediaTypeCheckpoint,
 		Digest:      w.Digest(),
 		Size:        cw.n,
 		Annotations: map[string]string{ocispec.AnnotationTitle: "checkpoint.tar.zst"},

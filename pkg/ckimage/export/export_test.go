@@ -1,4 +1,4 @@
-package ckimage
+package export
 
 import (
 	"archive/tar"
@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,9 +21,9 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	imagespec "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/ckimage"
 )
 
 // criuDir writes a minimal CRIU image directory of checkpoint id.
@@ -116,7 +115,7 @@ func TestWriteFindExtract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Layers) != 3 || m.Layers[1].Digest != deltaDesc.Digest || m.Layers[2].MediaType != MediaTypeCheckpoint {
+	if len(m.Layers) != 3 || m.Layers[1].Digest != deltaDesc.Digest || m.Layers[2].MediaType != ckimage.MediaTypeCheckpoint {
 		t.Fatalf("manifest layers %+v: want base, delta, CRIU images", m.Layers)
 	}
 	info, err := cs.Info(ctx, target.Digest)
@@ -137,15 +136,15 @@ func TestWriteFindExtract(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := cfg.Config
-	if !IsMarker(c.Entrypoint) || len(c.Cmd) != 0 || c.Labels[LabelEntrypoint] != `["/bin/sh"]` || c.Labels[LabelCmd] != `["-c","true"]` ||
-		c.Labels[LabelCheckpoint] != "abc" || c.Labels[LabelBase] != "base:latest" || c.Labels["kept"] != "yes" {
+	if !ckimage.IsMarker(c.Entrypoint) || len(c.Cmd) != 0 || c.Labels[ckimage.LabelEntrypoint] != `["/bin/sh"]` || c.Labels[ckimage.LabelCmd] != `["-c","true"]` ||
+		c.Labels[ckimage.LabelCheckpoint] != "abc" || c.Labels[ckimage.LabelBase] != "base:latest" || c.Labels["kept"] != "yes" {
 		t.Errorf("config %+v: want the marker entrypoint, no cmd, the originals and the checkpoint in labels", c)
 	}
 	if len(cfg.RootFS.DiffIDs) != 2 || cfg.RootFS.DiffIDs[1] != diffID || len(cfg.History) != 1 {
 		t.Errorf("rootfs %+v, history %d: want the base's diff id and the delta's, one history entry", cfg.RootFS, len(cfg.History))
 	}
 
-	ck, err := Find(ctx, cs, "ck", target, platforms.Default())
+	ck, err := ckimage.Find(ctx, cs, "ck", target, platforms.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +165,8 @@ func TestWriteFindExtract(t *testing.T) {
 	if data, err := content.ReadBlob(ctx, cs, nm.Config); err != nil || json.Unmarshal(data, &ncfg) != nil {
 		t.Fatalf("config of the second image: %v", err)
 	}
-	if len(nm.Layers) != 4 || nm.Layers[2].MediaType == MediaTypeCheckpoint || len(ncfg.RootFS.DiffIDs) != 3 ||
-		ncfg.Config.Labels[LabelEntrypoint] != `["/bin/sh"]` || ncfg.Config.Labels[LabelCheckpoint] != "def" {
+	if len(nm.Layers) != 4 || nm.Layers[2].MediaType == ckimage.MediaTypeCheckpoint || len(ncfg.RootFS.DiffIDs) != 3 ||
+		ncfg.Config.Labels[ckimage.LabelEntrypoint] != `["/bin/sh"]` || ncfg.Config.Labels[ckimage.LabelCheckpoint] != "def" {
 		t.Fatalf("image on a checkpoint image: layers %+v, config %+v", nm.Layers, ncfg)
 	}
 	if again, err := Write(ctx, cs, spec); err != nil || again.Digest == "" {
@@ -181,7 +180,7 @@ func TestWriteFindExtract(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dirs[i], errs[i] = Extract(ctx, cs, blob, cache)
+			dirs[i], errs[i] = ckimage.Extract(ctx, cs, blob, cache)
 		}()
 	}
 	wg.Wait()
@@ -197,7 +196,7 @@ func TestWriteFindExtract(t *testing.T) {
 		t.Fatalf("the cache holds %d entries after concurrent extracts, want 1", len(entries))
 	}
 
-	if _, err := Find(ctx, cs, "base", base.Target, platforms.Default()); !errdefs.IsNotFound(err) {
+	if _, err := ckimage.Find(ctx, cs, "base", base.Target, platforms.Default()); !errdefs.IsNotFound(err) {
 		t.Errorf("Find in a plain image: %v, want NotFound", err)
 	}
 }
@@ -248,7 +247,7 @@ func TestExtractBad(t *testing.T) {
 			if err := tw.Close(); err != nil {
 				t.Fatal(err)
 			}
-			desc := ocispec.Descriptor{MediaType: MediaTypeCheckpoint, Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
+			desc := ocispec.Descriptor{MediaType: ckimage.MediaTypeCheckpoint, Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
 			if err := content.WriteBlob(ctx, cs, "blob", bytes.NewReader(buf.Bytes()), desc); err != nil {
 				t.Fatal(err)
 			}
@@ -258,77 +257,12 @@ func TestExtractBad(t *testing.T) {
 				}
 			}
 			cache := t.TempDir()
-			_, err := Extract(ctx, cs, desc, cache)
+			_, err := ckimage.Extract(ctx, cs, desc, cache)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Extract: %v, want an error saying %q", err, tc.want)
 			}
 			if entries, _ := os.ReadDir(cache); len(entries) != 0 {
 				t.Errorf("a failed extract left %d entries in the cache", len(entries))
-			}
-		})
-	}
-}
-
-func TestPruneCache(t *testing.T) {
-	cache := t.TempDir()
-	old, fresh := filepath.Join(cache, "old"), filepath.Join(cache, "fresh")
-	for _, d := range []string{old, fresh} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	past := time.Now().Add(-2 * time.Hour)
-	if err := os.Chtimes(old, past, past); err != nil {
-		t.Fatal(err)
-	}
-	if err := PruneCache(cache, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(old); !os.IsNotExist(err) {
-		t.Errorf("an entry unused for 2h is still there (%v)", err)
-	}
-	if _, err := os.Stat(fresh); err != nil {
-		t.Errorf("a fresh entry was pruned: %v", err)
-	}
-	if err := PruneCache(filepath.Join(cache, "none"), time.Hour); err != nil {
-		t.Errorf("pruning a missing cache: %v", err)
-	}
-}
-
-func TestCheckMounts(t *testing.T) {
-	cri := &specs.Spec{Mounts: []specs.Mount{
-		{Destination: "/proc", Type: "proc"},
-		{Destination: "/etc/hosts", Type: "bind", Options: []string{"rbind", "ro"}},
-		{Destination: "/dev/shm", Source: "/run/shm", Options: []string{"rbind"}},
-		{Destination: "/etc/hosts/", Type: "bind"},
-	}}
-	if got, want := BindMounts(cri), []string{"/dev/shm", "/etc/hosts"}; !slices.Equal(got, want) {
-		t.Fatalf("BindMounts: %q, want %q", got, want)
-	}
-	plain := &specs.Spec{Mounts: []specs.Mount{{Destination: "/proc", Type: "proc"}, {Destination: "/dev/shm", Type: "tmpfs"}}}
-	for _, tc := range []struct {
-		name        string
-		label       string // "": none
-		spec        *specs.Spec
-		wantMissing string
-	}{
-		{name: "unrecorded", spec: plain},
-		{name: "none dumped", label: `[]`, spec: cri},
-		{name: "same", label: `["/dev/shm","/etc/hosts"]`, spec: cri},
-		{name: "extra in the container", label: `["/etc/hosts"]`, spec: cri},
-		{name: "missing", label: `["/dev/shm","/etc/hosts"]`, spec: plain, wantMissing: "/dev/shm, /etc/hosts"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := Checkpoint{Config: ocispec.ImageConfig{Labels: map[string]string{LabelCheckpoint: "abc"}}}
-			if tc.label != "" {
-				c.Config.Labels[LabelBindMounts] = tc.label
-			}
-			err := c.CheckMounts(tc.spec)
-			switch {
-			case tc.wantMissing == "" && err != nil:
-				t.Fatalf("CheckMounts: %v", err)
-			case tc.wantMissing != "" && (err == nil || !strings.Contains(err.Error(), "bind mounts at "+tc.wantMissing+",") || !errdefs.IsFailedPrecondition(err)):
-				t.Fatalf("CheckMounts: %v, want FailedPrecondition naming %s", err, tc.wantMissing)
 			}
 		})
 	}

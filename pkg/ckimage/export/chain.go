@@ -1,4 +1,4 @@
-package ckimage
+package export
 
 import (
 	"context"
