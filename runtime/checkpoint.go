@@ -64,10 +64,10 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	if err != nil {
 		return err
 	}
+	c.waitUserExec(time.Second)
 	// CRIU freezes a thawed cgroup v1 by writing FROZEN and polling the state every 100 ms; its
 	// first poll mostly reads FREEZING still, so a dump waited 100 ms for nothing. libcontainer's
 	// freeze polls in microseconds, and CRIU takes a frozen cgroup as it is and leaves it frozen.
-	c.waitUserExec(time.Second)
 	thaw := !c.Paused()
 	if thaw {
 		if err := c.Pause(); err != nil {
@@ -132,7 +132,7 @@ func findCRIU() error {
 		return fmt.Errorf("CRIU is not installed where the shim looks (PATH %q): install CRIU >= 4 ('make deps' builds one into /opt/cklite/bin): %w: %w",
 			os.Getenv("PATH"), err, errdefs.ErrFailedPrecondition)
 	}
-	if err := KeepKerndatCache(); err != nil {
+	if err := keepKerndatCache(); err != nil {
 		log.L.WithError(err).Warn("CRIU will probe the kernel on every run")
 	}
 	return nil

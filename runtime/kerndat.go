@@ -9,24 +9,24 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// KerndatDir is where the CRIU that contrib/install.sh builds (CRIU_RUNDIR in
+// kerndatDir is where the CRIU that contrib/install.sh builds (CRIU_RUNDIR in
 // contrib/versions.env) keeps its kerndat cache, criu.kdat: what CRIU learned about the kernel.
 // Without that file every CRIU run probes the kernel again, creating network namespaces and veth
 // pairs among other things: ~35 ms of each dump and each restore here, more than a whole dump of
 // an idle container takes once the cache exists. CRIU keeps the file only on a tmpfs, so that a
 // reboot (a new kernel) drops it; a distribution's CRIU keeps it in /run, which is a tmpfs where
 // systemd runs, but not on every host (not on these machines).
-const KerndatDir = "/run/cklite/criu"
+const kerndatDir = "/run/cklite/criu"
 
 var kerndat struct {
 	once sync.Once
 	err  error
 }
 
-// KeepKerndatCache makes sure KerndatDir is a tmpfs, mounting a small one if it is not, once per
+// keepKerndatCache makes sure kerndatDir is a tmpfs, mounting a small one if it is not, once per
 // process. Failing costs CRIU's probing, not correctness: the caller logs the error and goes on.
-func KeepKerndatCache() error {
-	kerndat.once.Do(func() { kerndat.err = mountKerndatDir(KerndatDir) })
+func keepKerndatCache() error {
+	kerndat.once.Do(func() { kerndat.err = mountKerndatDir(kerndatDir) })
 	return kerndat.err
 }
 
