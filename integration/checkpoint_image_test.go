@@ -241,15 +241,16 @@ func (e *ckEnv) expectCheckpointImage(t *testing.T, ref string, deltas int) (cli
 // and starts it: the process of the checkpoint must come back.
 func (e *ckEnv) restoreFromImage(t *testing.T, id string, img client.Image) counter {
 	t.Helper()
-	rc := e.newContainer(t, id, img)
-	if _, err := e.restore(rc, nil); err != nil {
-		t.Fatalf("restoring %s from checkpoint image %s: %v%s", id, img.Name(), err, criuErrors(err))
-	}
 	ck, err := ckimage.Find(e.ctx, e.d.Client().ContentStore(), img.Name(), img.Target(), platforms.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Registered first: a failed restore may have extracted the images already.
 	t.Cleanup(func() { os.RemoveAll(filepath.Join(ckimage.DefaultCacheDir, ck.Blob.Digest.Encoded())) })
+	rc := e.newContainer(t, id, img)
+	if _, err := e.restore(rc, nil); err != nil {
+		t.Fatalf("restoring %s from checkpoint image %s: %v%s", id, img.Name(), err, criuErrors(err))
+	}
 	return newCounter(e.d.RootfsPath(id))
 }
 

@@ -124,14 +124,23 @@ func TestCRICheckpointErrors(t *testing.T) {
 	if err := cri.WaitContainerState(ctx, stopped, runtimeapi.ContainerState_CONTAINER_EXITED, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	c := newCounter(cri.RootfsPath(running))
+	at := c.advance(t, 2)
 	// An exec'd process is not in the init's process tree CRIU dumps: cklite refuses (an exec
-	// liveness probe running at the kubelet's checkpoint meets this).
+	// liveness probe running at the kubelet's checkpoint meets this). It runs until released.
+	release := filepath.Join(cri.RootfsPath(running), "tmp", "release")
 	execDone := make(chan error, 1)
 	go func() {
-		_, err := cri.Exec(ctx, running, "sleep", "5")
+		_, err := cri.Exec(ctx, running, "sh", "-c", "while [ ! -e /tmp/release ]; do sleep 0.1; done")
 		execDone <- err
 	}()
-	waitExecRunning(t, cri, running, "sleep 5")
+	eventually(t, "the exec to run", func() error {
+		out, err := cri.Exec(ctx, running, "ps", "-o", "args")
+		if err == nil && !strings.Contains(out, "/tmp/release") {
+			err = fmt.Errorf("not in ps: %s", out)
+		}
+		return err
+	})
 
 	for _, tc := range []struct {
 		name, id, want string
@@ -141,7 +150,7 @@ func TestCRICheckpointErrors(t *testing.T) {
 		{"unknown", "no-such-container", "not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			archive := filepath.Join(d.Dir, "refused.tar")
+			archive := filepath.Join(d.Dir, "refused-"+strings.ReplaceAll(tc.name, " ", "-")+".tar")
 			_, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: tc.id, Location: archive})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("checkpoint of %s: %v, want an error saying %q", tc.name, err, tc.want)
@@ -151,13 +160,16 @@ func TestCRICheckpointErrors(t *testing.T) {
 			}
 		})
 	}
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-execDone; err != nil {
-		t.Errorf("the exec running during the refused checkpoint: %v", err)
+		t.Errorf("the exec running during the refused checkpoints: %v", err)
 	}
 	if st, err := cri.ContainerState(ctx, running); err != nil || st != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		t.Fatalf("after the refused checkpoints: state %v, %v; want RUNNING", st, err)
 	}
-	newCounter(cri.RootfsPath(running)).advance(t, 3)
+	expectContinues(t, c, at) // the same process, counting on
 }
 
 // runCounterPod runs a pod with the handler whose one container runs the counter workload after a
@@ -250,22 +262,6 @@ func checkCkliteMeta(t *testing.T, d *harness.Daemon, cri *harness.CRI, f archiv
 		t.Errorf("cklite checkpoint ls -q in %s: %q, %v; want %s listed", harness.CRINamespace, ids, err, meta.ID)
 	}
 	return meta
-}
-
-// waitExecRunning waits until a process whose command line is cmdline runs in container id.
-func waitExecRunning(t *testing.T, cri *harness.CRI, id, cmdline string) {
-	t.Helper()
-	for range 500 {
-		out, err := cri.Exec(context.Background(), id, "ps", "-o", "args")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(out, cmdline) {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%q is not running in %s after 5s", cmdline, id)
 }
 
 // TestCRICheckpointPodAnnotations checks that cklite's checkpoint requests set as pod annotations

@@ -47,6 +47,9 @@ imports = []
     # These VMs deny CAP_SYS_RESOURCE even to root, so a pod sandbox's oom_score_adj (-998)
     # cannot be set: clamp it to containerd's own.
     restrict_oom_score_adj = true
+    # Pod network namespaces under the daemon's state, not /var/run/netns: a pod a test leaves
+    # behind is then released with the daemon's directory instead of outliving the run.
+    netns_mounts_under_state_dir = true
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = [%q]
       conf_dir = %q
