@@ -61,8 +61,11 @@ func (s *service) imageCheckpoint(ctx context.Context, ns, id string, spec *spec
 		return "", fmt.Errorf("checkpoint image %s: %w", name, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"image": name, "dir": dir, "took": time.Since(start)}).Info("restoring from a checkpoint image")
-	if err := ckimage.PruneCache(ckimage.DefaultCacheDir, imageCacheTTL); err != nil {
-		log.G(ctx).WithError(err).Warn("prune the checkpoint image cache")
-	}
+	// Off the Create path: a prune may remove gigabytes of old copies.
+	go func() {
+		if err := ckimage.PruneCache(ckimage.DefaultCacheDir, imageCacheTTL); err != nil {
+			log.G(ctx).WithError(err).Warn("prune the checkpoint image cache")
+		}
+	}()
 	return dir, nil
 }

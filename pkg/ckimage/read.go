@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
@@ -86,17 +87,21 @@ func (c Checkpoint) CheckMounts(spec *specs.Spec) error {
 // Extract unpacks the CRIU image blob desc into cache/<digest> unless it is there already, and
 // returns that directory, its modification time set to now (its last use, for PruneCache). The
 // blob is verified against its digest and must hold a cklite checkpoint with complete memory
-// images; the directory appears whole or not at all, so containers created concurrently from one
-// image share one copy.
+// images. Containers created at once from one image, by shims of their own, share one copy: the
+// first extracts it while the others wait on the cache's lock.
 func Extract(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, cache string) (string, error) {
+	unlock, err := lockCache(cache)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	dir := filepath.Join(cache, desc.Digest.Encoded())
 	now := time.Now()
-	// A copy pruned between the two calls is extracted again.
-	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil && os.Chtimes(dir, now, now) == nil {
+	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil {
+		if err := os.Chtimes(dir, now, now); err != nil {
+			return "", fmt.Errorf("checkpoint image cache: %w", err)
+		}
 		return dir, nil
-	}
-	if err := os.MkdirAll(cache, 0o700); err != nil {
-		return "", fmt.Errorf("checkpoint image cache: %w", err)
 	}
 	tmp, err := os.MkdirTemp(cache, ".extract-")
 	if err != nil {
@@ -112,33 +117,65 @@ func Extract(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.De
 	if err := checkpoint.CheckImages(tmp); err != nil {
 		return "", fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
 	}
+	// Whatever stands at dir without cklite.json is a copy an extraction never finished.
+	if err := os.RemoveAll(dir); err != nil {
+		return "", fmt.Errorf("checkpoint image cache: %w", err)
+	}
 	if err := os.Rename(tmp, dir); err != nil {
-		// Another create extracted the same blob first: use its copy.
-		if _, serr := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); serr == nil {
-			return dir, nil
-		}
 		return "", fmt.Errorf("checkpoint image cache: %w", err)
 	}
 	return dir, nil
 }
 
-// PruneCache removes the extracted copies in cache last used more than maxAge ago, and what
-// extractions that died left behind.
-func PruneCache(cache string, maxAge time.Duration) error {
-	entries, err := os.ReadDir(cache)
+// lockCache takes the cache's lock, the file cache.lock next to it, shared by every shim on the
+// host; unlock releases it.
+func lockCache(cache string) (unlock func(), err error) {
+	if err := os.MkdirAll(cache, 0o700); err != nil {
+		return nil, fmt.Errorf("checkpoint image cache: %w", err)
+	}
+	f, err := os.OpenFile(cache+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
+		return nil, fmt.Errorf("checkpoint image cache: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the checkpoint image cache: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// PruneCache removes the extracted copies in cache last used more than maxAge ago, and what
+// extractions that died left behind. Under the cache's lock it only renames them out of the way,
+// so no Extract finds a copy half removed; the removal itself runs after.
+func PruneCache(cache string, maxAge time.Duration) error {
+	if _, err := os.Stat(cache); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	unlock, err := lockCache(cache)
+	if err != nil {
 		return err
 	}
+	entries, err := os.ReadDir(cache)
 	var errs []error
+	var trash []string
 	for _, e := range entries {
-		info, err := e.Info()
-		if err != nil || time.Since(info.ModTime()) < maxAge {
+		info, ierr := e.Info()
+		if ierr != nil || time.Since(info.ModTime()) < maxAge {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(cache, e.Name())); err != nil {
+		t := filepath.Join(cache, ".trash-"+strings.TrimPrefix(e.Name(), ".trash-"))
+		if err := os.Rename(filepath.Join(cache, e.Name()), t); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		trash = append(trash, t)
+	}
+	unlock()
+	if err != nil {
+		return err
+	}
+	for _, t := range trash {
+		if err := os.RemoveAll(t); err != nil {
 			errs = append(errs, err)
 		}
 	}
