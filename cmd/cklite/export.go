@@ -21,6 +21,7 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
 	"github.com/cklite/cklite/pkg/ckimage/export"
+	"github.com/cklite/cklite/pkg/fork"
 )
 
 func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
@@ -142,17 +143,22 @@ func (e *exporter) checkpointDir(ctx context.Context, name string) (dir string, 
 	}
 	n, err := checkpoint.NewTree(recs).Lookup(name)
 	if err == nil {
-		if n.ImagePath == "" {
-			return "", false, fmt.Errorf("checkpoint %s was written into a checkpoint image: export that image by name: %w", n.ID, errdefs.ErrNotFound)
+		// The directory must still hold this checkpoint, not one written into it since.
+		src, err := fork.SourceOf(n.Record, "")
+		if err != nil {
+			return "", false, err
 		}
-		return n.ImagePath, false, nil
+		return src.ImageDir, false, nil
 	}
 	if !errdefs.IsNotFound(err) {
 		return "", false, err
 	}
-	img, ierr := e.ctrd.ImageService().Get(ctx, name)
-	if ierr != nil {
+	img, err := e.ctrd.ImageService().Get(ctx, name)
+	if errdefs.IsNotFound(err) {
 		return "", false, fmt.Errorf("%q is no checkpoint archive, image directory, checkpoint id or checkpoint image: %w", name, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("image %s: %w", name, err)
 	}
 	dir, err = export.OpenCheckpointImage(ctx, e.ctrd.ContentStore(), img.Name, img.Target, os.TempDir())
 	return dir, err == nil, err
