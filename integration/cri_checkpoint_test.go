@@ -57,7 +57,7 @@ func TestCRICheckpointContainer(t *testing.T) {
 			name += "-sharedpid"
 		}
 		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
+			ctx := criContext(t)
 			pod, id := runCounterPod(t, cri, "ck-"+name, tc.handler, !tc.bridge, tc.sharedPID)
 			c := newCounter(cri.RootfsPath(id))
 			var times []time.Duration
@@ -115,7 +115,7 @@ func TestCRICheckpointContainer(t *testing.T) {
 // container running.
 func TestCRICheckpointErrors(t *testing.T) {
 	d, cri := startCRI(t)
-	ctx := context.Background()
+	ctx := criContext(t)
 	pod, running := runCounterPod(t, cri, "ck-errors", harness.HandlerCklite, true, false)
 	stopped, err := cri.StartContainer(ctx, pod, pod.Container("stopped", busybox.Name, "true"))
 	if err != nil {
@@ -177,7 +177,7 @@ func TestCRICheckpointErrors(t *testing.T) {
 // among its containers and the pause process.
 func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string, hostNetwork, sharedPID bool) (*harness.Pod, string) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := criContext(t)
 	cfg, err := cri.PodConfig(name, hostNetwork)
 	if err != nil {
 		t.Fatal(err)
@@ -249,7 +249,7 @@ func checkCkliteMeta(t *testing.T, d *harness.Daemon, cri *harness.CRI, f archiv
 	if meta.Container != id || meta.Namespace != harness.CRINamespace || meta.Contents != checkpoint.MemoryAndFS || meta.Frozen == "" {
 		t.Fatalf("%s records %+v, want a memory+fs checkpoint of %s/%s with a frozen layer", checkpoint.MetaFile, meta, harness.CRINamespace, id)
 	}
-	usage, err := d.Client().SnapshotService(meta.Snapshotter).Usage(cri.Context(context.Background()), meta.Frozen)
+	usage, err := d.Client().SnapshotService(meta.Snapshotter).Usage(cri.Context(criContext(t)), meta.Frozen)
 	if err != nil {
 		t.Fatalf("frozen layer %s of %s: %v", meta.Frozen, checkpoint.MetaFile, err)
 	}
@@ -257,7 +257,7 @@ func checkCkliteMeta(t *testing.T, d *harness.Daemon, cri *harness.CRI, f archiv
 		t.Errorf("frozen layer %s holds %d bytes, want the %d MB written", meta.Frozen, usage.Size, mb)
 	}
 	// The kubelet keeps no record of checkpoints; cklite lists them from their leases.
-	ids, err := cri.Cklite(context.Background(), "checkpoint", "ls", "-q")
+	ids, err := cri.Cklite(criContext(t), "checkpoint", "ls", "-q")
 	if err != nil || !slices.Contains(strings.Fields(ids), meta.ID) {
 		t.Errorf("cklite checkpoint ls -q in %s: %q, %v; want %s listed", harness.CRINamespace, ids, err, meta.ID)
 	}
@@ -286,7 +286,7 @@ func TestCRICheckpointPodAnnotations(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
+			ctx := criContext(t)
 			cfg, err := cri.PodConfig("annotated-"+strings.ReplaceAll(tc.name, " ", "-"), true)
 			if err != nil {
 				t.Fatal(err)

@@ -17,7 +17,7 @@ import (
 func startCRI(t *testing.T) (*harness.Daemon, *harness.CRI) {
 	t.Helper()
 	d := startDaemon(t, harness.Config{CkliteSnapshotter: true})
-	ctx := context.Background()
+	ctx := criContext(t)
 	cri, err := d.CRI(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestCRIPodLifecycle(t *testing.T) {
 		{"runc", harness.HandlerRunc, "io.containerd.runc.v2", "overlayfs", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
+			ctx := criContext(t)
 			pod, err := cri.RunPod(ctx, "life-"+tc.name, tc.handler, tc.hostNetwork)
 			if err != nil {
 				t.Fatal(err)
@@ -103,7 +103,7 @@ func TestCRIPodLifecycle(t *testing.T) {
 // subnet unlikely to be another test's.
 func useBridge(t *testing.T, cri *harness.CRI) {
 	t.Helper()
-	remove, err := cri.UseBridge(context.Background(), fmt.Sprintf("ckcri%04x", rand.IntN(1<<16)), fmt.Sprintf("10.214.%d.0/24", rand.IntN(256)))
+	remove, err := cri.UseBridge(criContext(t), fmt.Sprintf("ckcri%04x", rand.IntN(1<<16)), fmt.Sprintf("10.214.%d.0/24", rand.IntN(256)))
 	if remove != nil {
 		t.Cleanup(func() {
 			if err := remove(); err != nil {
@@ -119,7 +119,7 @@ func useBridge(t *testing.T, cri *harness.CRI) {
 // checkPodIP fails the test unless container id of the pod has the pod's IP address.
 func checkPodIP(t *testing.T, cri *harness.CRI, pod *harness.Pod, id string) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := criContext(t)
 	st, err := cri.Runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod.ID})
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +137,7 @@ func checkPodIP(t *testing.T, cri *harness.CRI, pod *harness.Pod, id string) {
 // checkRuntime fails the test unless containerd runs container id on runtime and snapshotter.
 func checkRuntime(t *testing.T, d *harness.Daemon, cri *harness.CRI, id, runtime, snapshotter string) {
 	t.Helper()
-	ctx := cri.Context(context.Background())
+	ctx := cri.Context(criContext(t))
 	c, err := d.Client().LoadContainer(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -149,4 +149,12 @@ func checkRuntime(t *testing.T, d *harness.Daemon, cri *harness.CRI, id, runtime
 	if info.Runtime.Name != runtime || info.Snapshotter != snapshotter {
 		t.Errorf("container %s runs on %s / %s, want %s / %s", id, info.Runtime.Name, info.Snapshotter, runtime, snapshotter)
 	}
+}
+
+// criContext bounds a test's CRI calls, like ckEnv's context: a hanging shim fails the test
+// rather than the run, whose timeout would skip every cleanup.
+func criContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), ckTimeout)
+	t.Cleanup(cancel)
+	return ctx
 }

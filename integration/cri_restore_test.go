@@ -52,7 +52,7 @@ func testCRIRestore(t *testing.T, mb int, bridge bool) {
 	if bridge {
 		useBridge(t, cri)
 	}
-	ctx := context.Background()
+	ctx := criContext(t)
 	_, id := runCounterPod(t, cri, "ck-source", harness.HandlerCklite, !bridge, false)
 	c := newCounter(cri.RootfsPath(id))
 	writeMarks(t, c.Rootfs, "cri")
@@ -140,7 +140,7 @@ func restorePod(t *testing.T, cri *harness.CRI, name, handler, ref string, hostN
 // and the error of its creation or start; the pod goes when the test ends.
 func startRestorePod(t *testing.T, cri *harness.CRI, name, handler, ref string, hostNetwork bool) (*harness.Pod, string, error) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := criContext(t)
 	start := time.Now()
 	pod, err := cri.RunPod(ctx, name, handler, hostNetwork)
 	if err != nil {
@@ -166,7 +166,7 @@ func checkpointPod(t *testing.T, d *harness.Daemon, cri *harness.CRI, id string)
 	t.Helper()
 	archive := filepath.Join(d.Dir, "checkpoint-"+randomTag()+".tar")
 	start := time.Now()
-	if _, err := cri.Runtime.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
+	if _, err := cri.Runtime.CheckpointContainer(criContext(t), &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
 		t.Fatal(err)
 	}
 	logTiming(t, "CRI CheckpointContainer", start)
@@ -197,7 +197,7 @@ func exportAndPush(t *testing.T, d *harness.Daemon, cri *harness.CRI, archive, r
 // that the node's shim extracts its own. bridge gives its pods a CNI bridge.
 func pullOnFreshNode(t *testing.T, ref string, blob ocispec.Descriptor, bridge bool) (*harness.Daemon, *harness.CRI) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := criContext(t)
 	d := startDaemon(t, harness.Config{CkliteSnapshotter: true})
 	cri, err := d.CRI(ctx)
 	if err != nil {
@@ -219,7 +219,7 @@ func pullOnFreshNode(t *testing.T, ref string, blob ocispec.Descriptor, bridge b
 // criuBlob is the CRIU image blob of checkpoint image ref in d's CRI namespace.
 func criuBlob(t *testing.T, d *harness.Daemon, ref string) ocispec.Descriptor {
 	t.Helper()
-	ctx := namespaces.WithNamespace(context.Background(), harness.CRINamespace)
+	ctx := namespaces.WithNamespace(criContext(t), harness.CRINamespace)
 	img, err := d.Client().ImageService().Get(ctx, ref)
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +256,7 @@ const pythonHolder = `python3 -c 'import os, time; b = bytearray(os.urandom(256 
 // TestCRIRestoreSandbox is TestCRIRestore's pod restore for the agent sandbox: Debian with
 // python3, a python process holding 256 MiB, through the registry to a second containerd.
 func TestCRIRestoreSandbox(t *testing.T) {
-	ctx := context.Background()
+	ctx := criContext(t)
 	sandbox, err := localimage.Sandbox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
 		t.Fatal(err)
