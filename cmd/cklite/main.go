@@ -48,6 +48,7 @@ var commands = []command{
 	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds).", flags: checkpointPruneFlags},
 	{name: "rollback", args: "CONTAINER [CHECKPOINT]", summary: "Roll a running container back to a checkpoint in place: same task, stdio and network namespace.", flags: rollbackFlags},
 	{name: "fork", args: "[CHECKPOINT]", summary: "Restore one checkpoint into N new containers, all running at once.", flags: forkFlags},
+	{name: "paths", summary: "Print where cklite keeps this containerd's checkpoints and caches (docs/configuration.md).", flags: pathsFlags},
 }
 
 // cli is the global options and where output goes.

@@ -95,6 +95,12 @@ imports = []
 	return b.String()
 }
 
+func (d *Daemon) shimConfigPath() string { return filepath.Join(d.Dir, "shim.toml") }
+
+// shimConfig is the cklite shim's configuration, which the CLI reads too: the daemon's state
+// directory.
+func (d *Daemon) shimConfig() string { return fmt.Sprintf("state_dir = %q\n", d.StateDir) }
+
 func (d *Daemon) nerdctlConfigPath() string { return filepath.Join(d.Dir, "nerdctl.toml") }
 
 // nerdctlConfig points nerdctl at this daemon, with its own data root (container names, logs,
