@@ -53,6 +53,8 @@ type Config struct {
 	// StateDir is cklite's state directory (shim.toml's state_dir) for the daemon's shims and
 	// CLI runs; empty: Dir/cklite, released with the daemon.
 	StateDir string
+	// Imports are configuration files containerd imports (what `cklite setup --existing` writes).
+	Imports []string
 }
 
 // Daemon is a running private containerd.
