@@ -102,7 +102,7 @@ func TestCheckpointImage(t *testing.T) {
 
 	t.Run("another containerd", func(t *testing.T) {
 		other := otherCkEnv(t)
-		clearCache(t, blob)
+		other.clearCache(t, blob)
 		start := time.Now()
 		nerdctl(t, other.d, "--snapshotter", ckliteSnapshotter, "pull", "--quiet", ref)
 		logTiming(t, "nerdctl pull of the checkpoint image, fresh containerd", start)
@@ -173,7 +173,7 @@ func TestCheckpointImage(t *testing.T) {
 		{"missing CRIU images", func() error { return os.Remove(blobPath) }, "are not in the content store"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clearCache(t, blob)
+			e.clearCache(t, blob)
 			if err := tc.damage(); err != nil {
 				t.Fatal(err)
 			}
@@ -241,12 +241,8 @@ func (e *ckEnv) expectCheckpointImage(t *testing.T, ref string, deltas int) (cli
 // and starts it: the process of the checkpoint must come back.
 func (e *ckEnv) restoreFromImage(t *testing.T, id string, img client.Image) counter {
 	t.Helper()
-	ck, err := ckimage.Find(e.ctx, e.d.Client().ContentStore(), img.Name(), img.Target(), platforms.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered first: a failed restore may have extracted the images already.
-	t.Cleanup(func() { os.RemoveAll(filepath.Join(ckimage.DefaultCacheDir, ck.Blob.Digest.Encoded())) })
+	// The shim's extracted copy is in the daemon's directory (its cklite state directory), removed
+	// with it.
 	rc := e.newContainer(t, id, img)
 	if _, err := e.restore(rc, nil); err != nil {
 		t.Fatalf("restoring %s from checkpoint image %s: %v%s", id, img.Name(), err, criuErrors(err))
@@ -268,12 +264,15 @@ func unpack(t *testing.T, e *ckEnv, img client.Image, snapshotter ...string) {
 	logTiming(t, "unpack of the checkpoint image into "+sn, start)
 }
 
-// clearCache removes the shim's extracted copy of blob, so that the next restore extracts it.
-func clearCache(t *testing.T, blob ocispec.Descriptor) {
+// clearCache removes the shim's extracted copy of blob from the daemon's cache, so that the next
+// restore extracts it.
+func (e *ckEnv) clearCache(t *testing.T, blob ocispec.Descriptor) {
 	t.Helper()
-	dir := filepath.Join(ckimage.DefaultCacheDir, blob.Digest.Encoded())
-	if err := os.RemoveAll(dir); err != nil {
+	inst, err := e.d.Instance(e.ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.RemoveAll(filepath.Join(inst.ImageCache(), blob.Digest.Encoded())); err != nil {
+		t.Fatal(err)
+	}
 }

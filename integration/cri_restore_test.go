@@ -67,7 +67,7 @@ func testCRIRestore(t *testing.T, mb int, bridge bool) {
 	archive := checkpointPod(t, d, cri, id)
 	changeMarks(t, c.Rootfs, "cri")
 	c.advance(t, 3)
-	ref, blob := exportAndPush(t, d, cri, archive, "cri-checkpoint")
+	ref := exportAndPush(t, d, cri, archive, "cri-checkpoint")
 	expectRestored := func(t *testing.T, rc counter) {
 		t.Helper()
 		if mb > 0 {
@@ -100,7 +100,7 @@ func testCRIRestore(t *testing.T, mb int, bridge bool) {
 	})
 
 	t.Run("another containerd", func(t *testing.T) {
-		d2, cri2 := pullOnFreshNode(t, ref, blob, bridge)
+		d2, cri2 := pullOnFreshNode(t, ref, bridge)
 		// The archive alone cannot be exported here: the files are in the source's frozen layers.
 		ckliteFails(t, d2, "frozen layer", "-n", harness.CRINamespace, "checkpoint", "export", "--ref", ref+"-again", archive)
 		expectRestored(t, restorePod(t, cri2, "migrated", harness.HandlerCklite, ref, !bridge))
@@ -174,9 +174,8 @@ func checkpointPod(t *testing.T, d *harness.Daemon, cri *harness.CRI, id string)
 }
 
 // exportAndPush exports the checkpoint archive as an image of the registry's repository repo,
-// pushes it with nerdctl and waits until CRI lists it. It returns the image and its CRIU blob,
-// whose extracted copy goes when the test ends.
-func exportAndPush(t *testing.T, d *harness.Daemon, cri *harness.CRI, archive, repo string) (string, ocispec.Descriptor) {
+// pushes it with nerdctl and waits until CRI lists it.
+func exportAndPush(t *testing.T, d *harness.Daemon, cri *harness.CRI, archive, repo string) string {
 	t.Helper()
 	ref := registry.Addr + "/cklite/" + repo + ":" + randomTag()
 	start := time.Now()
@@ -186,16 +185,14 @@ func exportAndPush(t *testing.T, d *harness.Daemon, cri *harness.CRI, archive, r
 	nerdctl(t, d, "-n", harness.CRINamespace, "push", "--quiet", ref)
 	logTiming(t, "nerdctl push of the checkpoint image", start)
 	waitCRIImage(t, cri, ref)
-	blob := criuBlob(t, d, ref)
-	t.Logf("CRIU images: %d bytes compressed", blob.Size)
-	clearCache(t, blob)
-	return ref, blob
+	t.Logf("CRIU images: %d bytes compressed", criuBlob(t, d, ref).Size)
+	return ref
 }
 
-// pullOnFreshNode starts a second containerd with nothing but the pause image, pulls checkpoint
-// image ref through CRI, as a kubelet would, and removes the extracted copy of its CRIU blob, so
-// that the node's shim extracts its own. bridge gives its pods a CNI bridge.
-func pullOnFreshNode(t *testing.T, ref string, blob ocispec.Descriptor, bridge bool) (*harness.Daemon, *harness.CRI) {
+// pullOnFreshNode starts a second containerd with nothing but the pause image and pulls checkpoint
+// image ref through CRI, as a kubelet would; the node's shim extracts the CRIU blob into a cache of
+// its own (its instance directory). bridge gives its pods a CNI bridge.
+func pullOnFreshNode(t *testing.T, ref string, bridge bool) (*harness.Daemon, *harness.CRI) {
 	t.Helper()
 	ctx := criContext(t)
 	d := startDaemon(t, harness.Config{CkliteSnapshotter: true})
@@ -212,7 +209,6 @@ func pullOnFreshNode(t *testing.T, ref string, blob ocispec.Descriptor, bridge b
 		t.Fatal(err)
 	}
 	logTiming(t, "CRI PullImage of the checkpoint image, fresh containerd", start)
-	clearCache(t, blob)
 	return d, cri
 }
 
@@ -277,7 +273,7 @@ func TestCRIRestoreSandbox(t *testing.T) {
 	c := newCounter(cri.RootfsPath(id))
 	writeMarkFiles(t, c.Rootfs, "sandbox")
 	at := c.advance(t, 5)
-	ref, blob := exportAndPush(t, d, cri, checkpointPod(t, d, cri, id), "sandbox-checkpoint")
+	ref := exportAndPush(t, d, cri, checkpointPod(t, d, cri, id), "sandbox-checkpoint")
 	expectAgent := func(t *testing.T, cri *harness.CRI, rc counter) {
 		t.Helper()
 		got, err := readMarks(rc.Rootfs)
@@ -291,6 +287,6 @@ func TestCRIRestoreSandbox(t *testing.T) {
 	// A fork finds the CRIU images extracted.
 	expectAgent(t, cri, restorePod(t, cri, "sandbox-fork", harness.HandlerCklite, ref, true))
 
-	_, cri2 := pullOnFreshNode(t, ref, blob, false)
+	_, cri2 := pullOnFreshNode(t, ref, false)
 	expectAgent(t, cri2, restorePod(t, cri2, "sandbox-migrated", harness.HandlerCklite, ref, true))
 }

@@ -8,6 +8,7 @@ import (
 	containersapi "github.com/containerd/containerd/api/services/containers/v1"
 	leasesapi "github.com/containerd/containerd/api/services/leases/v1"
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	introspectionproxy "github.com/containerd/containerd/v2/core/introspection/proxy"
 	"github.com/containerd/containerd/v2/core/leases"
 	leasesproxy "github.com/containerd/containerd/v2/core/leases/proxy"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -16,6 +17,8 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cklite/cklite/pkg/paths"
 )
 
 // daemon is the shim's connection to containerd's gRPC API, for what a checkpoint needs beyond the
@@ -28,6 +31,11 @@ type daemon struct {
 	once sync.Once
 	conn *grpc.ClientConn
 	err  error
+
+	uuid struct {
+		sync.Mutex
+		id string // containerd's, once asked
+	}
 }
 
 func (d *daemon) dial() (*grpc.ClientConn, error) {
@@ -77,6 +85,26 @@ func (d *daemon) leases() (leases.Manager, error) {
 		return nil, err
 	}
 	return leasesproxy.NewLeaseManager(leasesapi.NewLeasesClient(conn)), nil
+}
+
+// instance is this containerd's directory of cklite state below stateDir (pkg/paths). The UUID
+// is asked of containerd on first use: it does not change while a shim lives.
+func (d *daemon) instance(ctx context.Context, stateDir string) (paths.Instance, error) {
+	d.uuid.Lock()
+	defer d.uuid.Unlock()
+	if d.uuid.id != "" {
+		return paths.NewInstance(stateDir, d.uuid.id)
+	}
+	conn, err := d.dial()
+	if err != nil {
+		return paths.Instance{}, err
+	}
+	inst, err := paths.ForContainerd(ctx, stateDir, introspectionproxy.NewIntrospectionProxy(conn))
+	if err != nil {
+		return paths.Instance{}, err
+	}
+	d.uuid.id = inst.UUID
+	return inst, nil
 }
 
 func (d *daemon) close() {

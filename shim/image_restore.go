@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/ckimage"
+	"github.com/cklite/cklite/pkg/config"
 )
 
 // imageCacheTTL is how long an extracted checkpoint image stays in the cache after its last use
@@ -24,8 +25,8 @@ import (
 const imageCacheTTL = 24 * time.Hour
 
 // imageCheckpoint returns the CRIU image directory of the checkpoint image container id was made
-// from (its entrypoint is ckimage.Marker): the image's CRIU blob, extracted once into the shared
-// cache. Its rootfs, prepared by the client from the image's layers, is already the checkpoint's
+// from (its entrypoint is ckimage.Marker): the image's CRIU blob, extracted once into this containerd's
+// cache (pkg/paths). Its rootfs, prepared by the client from the image's layers, is already the checkpoint's
 // filesystem, so the restore needs nothing else: the same node restores on layers it unpacked
 // from its own frozen chain, any other node on the layers it pulled.
 func (s *service) imageCheckpoint(ctx context.Context, ns, id string, spec *specs.Spec) (string, error) {
@@ -56,14 +57,23 @@ func (s *service) imageCheckpoint(ctx context.Context, ns, id string, spec *spec
 	if err := ck.CheckMounts(spec); err != nil {
 		return "", fmt.Errorf("container %s: %w", id, err)
 	}
-	dir, err := ckimage.Extract(ctx, cs, ck.Blob, ckimage.DefaultCacheDir)
+	cfg, err := config.LoadShim()
+	if err != nil {
+		return "", err
+	}
+	inst, err := s.daemon.instance(ctx, cfg.StateDir)
+	if err != nil {
+		return "", err
+	}
+	cache := inst.ImageCache()
+	dir, err := ckimage.Extract(ctx, cs, ck.Blob, cache)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint image %s: %w", name, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"image": name, "dir": dir, "took": time.Since(start)}).Info("restoring from a checkpoint image")
 	// Off the Create path: a prune may remove gigabytes of old copies.
 	go func() {
-		if err := ckimage.PruneCache(ckimage.DefaultCacheDir, imageCacheTTL); err != nil {
+		if err := ckimage.PruneCache(cache, imageCacheTTL); err != nil {
 			log.G(ctx).WithError(err).Warn("prune the checkpoint image cache")
 		}
 	}()

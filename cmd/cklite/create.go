@@ -18,15 +18,11 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
 
-// defaultImageRoot holds the image directories of checkpoints made by `cklite checkpoint create`,
-// by namespace: a recorded directory is what `cklite fork` restores from and `rm --image` removes.
-const defaultImageRoot = "/var/lib/cklite/checkpoints"
-
 func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	fsOnly := fs.Bool("fs-only", false, "freeze the filesystem only: no CRIU, the task runs on untouched")
 	memoryOnly := fs.Bool("memory-only", false, "dump the processes only: a rollback keeps the container's current files")
 	exit := fs.Bool("exit", false, "stop the task after the checkpoint (default: it keeps running)")
-	imagePath := fs.String("image-path", "", "write the CRIU image directory to `DIR` (default: "+defaultImageRoot+"/NAMESPACE/CONTAINER-TIME)")
+	imagePath := fs.String("image-path", "", "write the CRIU image directory to `DIR` (default: NAMESPACE/CONTAINER-TIME in containerd's checkpoints directory, see cklite paths)")
 	ttl := fs.Duration("ttl", 0, "remove the checkpoint after `DURATION` (default: the container's cklite.io/checkpoint-ttl, else the shim's default)")
 	tcp := fs.Bool("tcp", false, "checkpoint established TCP connections (CRIU's tcp-established)")
 	fileLocks := fs.Bool("file-locks", false, "checkpoint file locks")
@@ -51,7 +47,15 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		}
 		dir := *imagePath
 		if dir == "" {
-			dir = filepath.Join(defaultImageRoot, cli.namespace, fmt.Sprintf("%s-%s", c.ID(), time.Now().UTC().Format("20060102T150405.000")))
+			inst, err := defaultPaths(ctx, ctrd)
+			if err != nil {
+				return err
+			}
+			root, err := inst.NamespaceCheckpoints(cli.namespace)
+			if err != nil {
+				return err
+			}
+			dir = filepath.Join(root, fmt.Sprintf("%s-%s", c.ID(), time.Now().UTC().Format("20060102T150405.000")))
 		}
 		if dir, err = filepath.Abs(dir); err != nil {
 			return err

@@ -48,6 +48,11 @@ var commands = []command{
 	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds).", flags: checkpointPruneFlags},
 	{name: "rollback", args: "CONTAINER [CHECKPOINT]", summary: "Roll a running container back to a checkpoint in place: same task, stdio and network namespace.", flags: rollbackFlags},
 	{name: "fork", args: "[CHECKPOINT]", summary: "Restore one checkpoint into N new containers, all running at once.", flags: forkFlags},
+	{name: "setup", summary: "Write the configuration of containerd, cklite-snapshotter, the shim and nerdctl for a cklite instance under one directory (docs/configuration.md).", flags: setupFlags},
+	{name: "daemon start", summary: "Start the daemons of a cklite setup directory in the background: cklite-snapshotter, and its own containerd.", flags: daemonStartFlags},
+	{name: "daemon stop", summary: "Stop the daemons that daemon start started.", flags: daemonStopFlags},
+	{name: "image build", args: "NAME...", summary: "Build a sandbox image without a registry (busybox, sandbox: Debian with python3, pause), import it into containerd and unpack it.", flags: imageBuildFlags},
+	{name: "paths", summary: "Print where cklite keeps this containerd's checkpoints and caches (docs/configuration.md).", flags: pathsFlags},
 }
 
 // cli is the global options and where output goes.

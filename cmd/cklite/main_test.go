@@ -90,8 +90,16 @@ func TestRunRefusesMisuse(t *testing.T) {
 		{args: []string{"fork", "a", "b"}, isErr: errdefs.IsInvalidArgument, says: "want one CHECKPOINT"},
 		{args: []string{"fork", "-n", "0", "abc"}, isErr: errdefs.IsInvalidArgument, says: "-n 0: want at least one fork"},
 		{args: []string{"checkpoint", "ls"}, isErr: func(error) bool { return true }, says: "is containerd running"},
+		{args: []string{"setup", "--root", "/r", "x"}, isErr: errdefs.IsInvalidArgument, says: "setup takes no arguments"},
+		{args: []string{"setup"}, isErr: errdefs.IsInvalidArgument, says: "no --root DIR"},
+		{args: []string{"daemon", "start", "--help"}, isErr: func(err error) bool { return errors.Is(err, flag.ErrHelp) }},
+		{args: []string{"daemon", "stop", "--root", "/nonexistent"}, isErr: func(error) bool { return true }, says: "a root that cklite setup wrote"},
+		{args: []string{"image", "build"}, isErr: errdefs.IsInvalidArgument, says: "name an image to build: busybox, pause, sandbox"},
+		{args: []string{"image", "build", "nginx"}, isErr: errdefs.IsInvalidArgument, says: `no image "nginx"`},
+		{args: []string{"paths", "--format", "yaml"}, isErr: errdefs.IsInvalidArgument, says: `format "yaml"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Setenv("CKLITE_ROOT", "")
 			var stdout, stderr bytes.Buffer
 			args := append([]string{"--address", t.TempDir() + "/none.sock"}, tc.args...)
 			err := run(context.Background(), args, &stdout, &stderr)

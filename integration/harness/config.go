@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/cklite/cklite/pkg/localimage"
@@ -23,7 +24,7 @@ func (d *Daemon) containerdConfig() string {
 root = %q
 state = %q
 temp = %q
-imports = []
+imports = [%s]
 
 [grpc]
   address = %q
@@ -56,7 +57,7 @@ imports = []
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.cklite]
       runtime_type = %q
       pod_annotations = ['cklite.io/*']
-`, d.Root, d.State, filepath.Join(d.Dir, "tmp"), d.Address, d.Address+".ttrpc", level,
+`, d.Root, d.State, filepath.Join(d.Dir, "tmp"), quoteList(d.cfg.Imports), d.Address, d.Address+".ttrpc", level,
 		d.HostsDir, localimage.PauseName, d.stack.CNIBin, filepath.Join(d.Dir, "cni", "net.d"), CkliteRuntime)
 	if d.SnapshotterAddress != "" {
 		b.WriteString("      snapshotter = 'cklite'\n")
@@ -94,6 +95,21 @@ imports = []
 	}
 	return b.String()
 }
+
+// quoteList is a TOML array's elements.
+func quoteList(items []string) string {
+	quoted := make([]string, len(items))
+	for i, item := range items {
+		quoted[i] = strconv.Quote(item)
+	}
+	return strings.Join(quoted, ", ")
+}
+
+func (d *Daemon) shimConfigPath() string { return filepath.Join(d.Dir, "shim.toml") }
+
+// shimConfig is the cklite shim's configuration, which the CLI reads too: the daemon's state
+// directory.
+func (d *Daemon) shimConfig() string { return fmt.Sprintf("state_dir = %q\n", d.StateDir) }
 
 func (d *Daemon) nerdctlConfigPath() string { return filepath.Join(d.Dir, "nerdctl.toml") }
 

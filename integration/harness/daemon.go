@@ -17,8 +17,10 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/cklite/cklite/pkg/config"
 	"github.com/cklite/cklite/pkg/hostcheck"
 	"github.com/cklite/cklite/pkg/localimage"
+	"github.com/cklite/cklite/pkg/paths"
 )
 
 // DefaultBaseDir holds one directory per running harness daemon. It is on disk, not tmpfs: the
@@ -45,6 +47,14 @@ type Config struct {
 	CkliteSnapshotter bool
 	// LogLevel of containerd; empty: "info".
 	LogLevel string
+	// Namespace is the daemon's namespace; empty: a new one, it-<random>. Daemons that share one
+	// also share its cgroups (/<namespace>/<id>): their containers need distinct ids.
+	Namespace string
+	// StateDir is cklite's state directory (shim.toml's state_dir) for the daemon's shims and
+	// CLI runs; empty: Dir/cklite, released with the daemon.
+	StateDir string
+	// Imports are configuration files containerd imports (what `cklite setup --existing` writes).
+	Imports []string
 }
 
 // Daemon is a running private containerd.
@@ -58,6 +68,8 @@ type Daemon struct {
 	SnapshotterAddress string
 	// HostsDir holds the hosts.toml files for registries (containerd's config_path).
 	HostsDir string
+	// StateDir is cklite's state directory (see Config.StateDir).
+	StateDir string
 
 	stack       *Stack
 	cfg         Config
@@ -75,7 +87,10 @@ func Start(ctx context.Context, stack *Stack, cfg Config) (_ *Daemon, retErr err
 	}
 	// A namespace of its own: the cgroups (/<namespace>/<id>) and runc state of this daemon's
 	// containers never collide with another's, and teardown may remove them wholesale.
-	d := &Daemon{stack: stack, cfg: cfg, Dir: cfg.Dir, Namespace: "it-" + randomHex(4), started: time.Now()}
+	d := &Daemon{stack: stack, cfg: cfg, Dir: cfg.Dir, Namespace: cfg.Namespace, started: time.Now()}
+	if d.Namespace == "" {
+		d.Namespace = "it-" + randomHex(4)
+	}
 	if d.Dir == "" {
 		dir, err := newRunDir("ctrd-")
 		if err != nil {
@@ -88,6 +103,10 @@ func Start(ctx context.Context, stack *Stack, cfg Config) (_ *Daemon, retErr err
 	d.Root = filepath.Join(d.Dir, "root")
 	d.State = filepath.Join(d.Dir, "state")
 	d.HostsDir = filepath.Join(d.Dir, "certs.d")
+	d.StateDir = cfg.StateDir
+	if d.StateDir == "" {
+		d.StateDir = filepath.Join(d.Dir, "cklite")
+	}
 	d.Address = cfg.Address
 	if d.Address == "" {
 		d.Address = filepath.Join(d.Dir, "containerd.sock")
@@ -121,6 +140,9 @@ func Start(ctx context.Context, stack *Stack, cfg Config) (_ *Daemon, retErr err
 		if err := d.startSnapshotter(); err != nil {
 			return nil, err
 		}
+	}
+	if err := os.WriteFile(d.shimConfigPath(), []byte(d.shimConfig()), 0o644); err != nil {
+		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(d.Dir, "containerd.toml"), []byte(d.containerdConfig()), 0o644); err != nil {
 		return nil, err
@@ -210,7 +232,15 @@ func (d *Daemon) env() []string {
 		"TMPDIR=" + filepath.Join(d.Dir, "tmp"),
 		"HOME=" + d.Dir,
 		"NERDCTL_TOML=" + d.nerdctlConfigPath(),
+		// The shims inherit it from containerd, the CLI reads it too.
+		config.ShimConfigEnv + "=" + d.shimConfigPath(),
 	}
+}
+
+// Instance is cklite's state directory of this containerd instance (pkg/paths): where the
+// shims and the CLI keep its checkpoints' image directories and its checkpoint image cache.
+func (d *Daemon) Instance(ctx context.Context) (paths.Instance, error) {
+	return paths.ForContainerd(ctx, d.StateDir, d.client.IntrospectionService())
 }
 
 // Client is a containerd Go client connected to the daemon, defaulting to its namespace.

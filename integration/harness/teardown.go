@@ -167,12 +167,13 @@ func removeCtrFIFOs(ids map[string]bool, since time.Time) {
 	}
 }
 
-// teardown makes sure nothing of a daemon outlives it: shims still connected to its address, every
-// process in its namespace's cgroups (/<namespace>/... in each hierarchy, where containerd puts
-// its containers) and those cgroups, every mount below dir, and runc's state for the namespace.
+// teardown makes sure nothing of a daemon outlives it: the daemons `cklite daemon start` ran from
+// below dir (see Scratch), shims still connected to its address, every process in its
+// namespace's cgroups (/<namespace>/... in each hierarchy, where containerd puts its containers)
+// and those cgroups, every mount below dir, and runc's state for the namespace.
 // It is the last step of Close and what sweepStale does for killed runs.
 func teardown(dir, address, namespace string) error {
-	var errs []error
+	errs := []error{stopSetupInstances(dir)}
 	if address != "" {
 		for _, shim := range shimsOf(address) {
 			_ = syscall.Kill(shim, syscall.SIGKILL)

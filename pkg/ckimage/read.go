@@ -26,10 +26,6 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
 
-// DefaultCacheDir holds the CRIU image directories extracted from checkpoint images, one per
-// blob digest, shared by every container restored from the same image (a fork).
-const DefaultCacheDir = "/var/lib/cklite/images"
-
 // Checkpoint is what a restore needs from a checkpoint image.
 type Checkpoint struct {
 	Blob   ocispec.Descriptor // the CRIU images

@@ -3,13 +3,17 @@ package config
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
+
+	"github.com/cklite/cklite/pkg/paths"
 )
 
-// DefaultShimConfig is the configuration file of containerd-shim-cklite-v2; the environment
-// variable ShimConfigEnv (inherited from containerd, which starts the shims) names another.
+// DefaultShimConfig is the configuration file of containerd-shim-cklite-v2, which the cklite CLI
+// reads too; the environment variable ShimConfigEnv (inherited from containerd, which starts the
+// shims) names another.
 const (
-	DefaultShimConfig = "/etc/cklite/shim.toml"
+	DefaultShimConfig = paths.DefaultConfigDir + "/shim.toml"
 	ShimConfigEnv     = "CKLITE_SHIM_CONFIG"
 )
 
@@ -19,18 +23,30 @@ type Shim struct {
 	// (cklite.io/checkpoint-ttl), as a Go duration such as "24h"; empty: checkpoints live until
 	// removed.
 	CheckpointTTL string `toml:"checkpoint_ttl"`
+	// StateDir holds cklite's state of each containerd instance, by the instance's UUID (see
+	// pkg/paths): the image directories of `cklite checkpoint create` and the CRIU images
+	// extracted from checkpoint images. Default paths.DefaultStateDir.
+	StateDir string `toml:"state_dir"`
 }
 
-// LoadShim reads the shim's configuration from ShimConfigEnv's file or the default one (whose
-// absence means the defaults).
-func LoadShim() (Shim, error) {
-	path := os.Getenv(ShimConfigEnv)
-	if path == "" {
-		path = DefaultShimConfig
+// ShimConfigPath is the shim's configuration file: ShimConfigEnv's, else the default one.
+func ShimConfigPath() string {
+	if path := os.Getenv(ShimConfigEnv); path != "" {
+		return path
 	}
-	var c Shim
+	return DefaultShimConfig
+}
+
+// LoadShim reads the shim's configuration from ShimConfigPath (a missing default file means the
+// defaults).
+func LoadShim() (Shim, error) {
+	path := ShimConfigPath()
+	c := Shim{StateDir: paths.DefaultStateDir}
 	if err := decodeFile(path, DefaultShimConfig, &c); err != nil {
 		return c, err
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		return c, fmt.Errorf("configuration %s: state_dir %q: want an absolute path", path, c.StateDir)
 	}
 	if _, err := c.DefaultTTL(); err != nil {
 		return c, fmt.Errorf("configuration %s: %w", path, err)

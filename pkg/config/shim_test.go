@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cklite/cklite/pkg/paths"
 )
 
 func TestLoadShim(t *testing.T) {
@@ -13,6 +15,7 @@ func TestLoadShim(t *testing.T) {
 		name    string
 		file    string // "" : no file at the named path
 		wantTTL time.Duration
+		wantDir string // "": the default
 		wantErr string
 	}{
 		{name: "ttl", file: `checkpoint_ttl = "36h"`, wantTTL: 36 * time.Hour},
@@ -20,6 +23,8 @@ func TestLoadShim(t *testing.T) {
 		{name: "bad ttl", file: `checkpoint_ttl = "soon"`, wantErr: "checkpoint_ttl"},
 		{name: "negative ttl", file: `checkpoint_ttl = "-1h"`, wantErr: "positive"},
 		{name: "unknown key", file: `ttl = "1h"`, wantErr: "ttl"},
+		{name: "state dir", file: `state_dir = "/srv/cklite"`, wantDir: "/srv/cklite"},
+		{name: "relative state dir", file: `state_dir = "cklite"`, wantErr: "absolute"},
 		{name: "named file missing", wantErr: "reading configuration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -42,6 +47,12 @@ func TestLoadShim(t *testing.T) {
 			}
 			if ttl, _ := c.DefaultTTL(); ttl != tc.wantTTL {
 				t.Fatalf("DefaultTTL = %v, want %v", ttl, tc.wantTTL)
+			}
+			if tc.wantDir == "" {
+				tc.wantDir = paths.DefaultStateDir
+			}
+			if c.StateDir != tc.wantDir {
+				t.Fatalf("StateDir = %q, want %q", c.StateDir, tc.wantDir)
 			}
 		})
 	}

@@ -9,14 +9,17 @@ import (
 	"os"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/cklite/cklite/pkg/paths"
 )
 
 // Defaults of cklite-snapshotter: the socket containerd's [proxy_plugins] entry points at, and
-// where layers and metadata live.
+// where layers and metadata live. They serve the host's containerd; another containerd on the
+// host needs a snapshotter of its own, with its own address and root (what `cklite setup` writes).
 const (
-	DefaultSnapshotterConfig  = "/etc/cklite/snapshotter.toml"
-	DefaultSnapshotterAddress = "/run/cklite/snapshotter.sock"
-	DefaultSnapshotterRoot    = "/var/lib/cklite/snapshotter"
+	DefaultSnapshotterConfig  = paths.DefaultConfigDir + "/snapshotter.toml"
+	DefaultSnapshotterAddress = paths.DefaultRunDir + "/snapshotter.sock"
+	DefaultSnapshotterRoot    = paths.DefaultStateDir + "/snapshotter"
 	DefaultContainerdAddress  = "/run/containerd/containerd.sock"
 )
 

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+
+	"github.com/cklite/cklite/pkg/config"
+	"github.com/cklite/cklite/pkg/paths"
+)
+
+// defaultPaths is where cklite keeps the state of the containerd ctrd talks to: the state
+// directory of the shim's configuration (which the CLI reads as the shim does), in the directory
+// of that containerd instance (pkg/paths). Every default path of the CLI comes from here, so that
+// it agrees with the shims of the same containerd.
+func defaultPaths(ctx context.Context, ctrd *client.Client) (paths.Instance, error) {
+	cfg, err := config.LoadShim()
+	if err != nil {
+		return paths.Instance{}, err
+	}
+	return paths.ForContainerd(ctx, cfg.StateDir, ctrd.IntrospectionService())
+}
+
+// pathsReport is what `cklite paths` prints.
+type pathsReport struct {
+	Address     string `json:"address"`
+	UUID        string `json:"uuid"`
+	ShimConfig  string `json:"shim_config"`
+	StateDir    string `json:"state_dir"`
+	Checkpoints string `json:"checkpoints"`
+	ImageCache  string `json:"image_cache"`
+}
+
+func pathsFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+	format := fs.String("format", "table", "`FORMAT`: table or json")
+	return func(ctx context.Context, cli *cli, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("paths takes no arguments, got %q: %w", args, errdefs.ErrInvalidArgument)
+		}
+		if *format != "table" && *format != "json" {
+			return fmt.Errorf("--format %q: want table or json: %w", *format, errdefs.ErrInvalidArgument)
+		}
+		ctrd, ctx, err := cli.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer ctrd.Close()
+		inst, err := defaultPaths(ctx, ctrd)
+		if err != nil {
+			return err
+		}
+		checkpoints, err := inst.NamespaceCheckpoints(cli.namespace)
+		if err != nil {
+			return err
+		}
+		r := pathsReport{Address: cli.address, UUID: inst.UUID, ShimConfig: config.ShimConfigPath(), StateDir: inst.Dir, Checkpoints: checkpoints, ImageCache: inst.ImageCache()}
+		if *format == "json" {
+			enc := json.NewEncoder(cli.stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(r)
+		}
+		for _, row := range [][2]string{
+			{"containerd", fmt.Sprintf("%s (UUID %s)", r.Address, r.UUID)},
+			{"configuration", r.ShimConfig},
+			{"state", r.StateDir},
+			{"checkpoints", r.Checkpoints},
+			{"image cache", r.ImageCache},
+		} {
+			fmt.Fprintf(cli.stdout, "%-14s %s\n", row[0], row[1])
+		}
+		return nil
+	}
+}
