@@ -93,6 +93,8 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 	}
 	opts.LeaveRunning = false
 	p.Init = true
+	// Until the restored init is held, no exec may join anything: the old init is gone.
+	c.guard.drop()
 	if err := c.lc.Restore(p, opts); err != nil {
 		return wrap("restore", err)
 	}
@@ -104,7 +106,7 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 		return wrap("reload restored container", err)
 	}
 	c.lc = lc
-	return nil
+	return c.guard.hold(c.InitPid())
 }
 
 // initComm is the name libcontainer's init goes by until it execs the user's program.
