@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -85,8 +86,9 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 }
 
 // Restore restores the container from o.ImagePath as p (the new init, whose stdio replaces the
-// checkpointed pipes). The container's rootfs must already be mounted.
-func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
+// checkpointed pipes). The container's rootfs must already be mounted. The restore ends, failed,
+// when ctx ends or it passes lim (restoreWatchdog).
+func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o CheckpointOpts, lim RestoreLimits) error {
 	opts, err := o.criu()
 	if err != nil {
 		return err
@@ -95,7 +97,19 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 	p.Init = true
 	// Until the restored init is held, no exec may join anything: the old init is gone.
 	c.guard.drop()
-	if err := c.lc.Restore(p, opts); err != nil {
+	w := c.watchRestore(ctx, opts.WorkDirectory, lim)
+	err = c.lc.Restore(p, opts)
+	if cause := w.stop(); cause != nil {
+		if err == nil {
+			// Finished as the watchdog fired: what it killed may be the restored tasks.
+			_ = c.Signal(unix.SIGKILL, true)
+			err = cause
+		} else {
+			err = fmt.Errorf("%w (CRIU: %w)", cause, err)
+		}
+		return err
+	}
+	if err != nil {
 		return wrap("restore", err)
 	}
 	// libcontainer records the restored init's start time in its state file but not in the
