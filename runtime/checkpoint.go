@@ -105,7 +105,7 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 			_ = c.Signal(unix.SIGKILL, true)
 			err = cause
 		} else {
-			err = fmt.Errorf("%w (CRIU: %w)", cause, err)
+			err = fmt.Errorf("%w (CRIU: %v)", cause, err)
 		}
 		return err
 	}
