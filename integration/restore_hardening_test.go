@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,6 +111,37 @@ func TestRestoreLimits(t *testing.T) {
 			expectRolledBack(t, cnt, at, "base")
 		})
 	}
+}
+
+// TestRestoreKilled kills a task while it is being rolled back: the Kill ends the restore (CRIU
+// and what it restored so far are killed) instead of waiting behind it, the rollback fails naming
+// the kill, and the task is STOPPED.
+func TestRestoreKilled(t *testing.T) {
+	e := newCkEnv(t)
+	c, task, cnt := e.startCounter(t, "killed")
+	dir, _, _ := e.markedCheckpoint(t, task, cnt, "base")
+	log := filepath.Join(e.d.State, "io.containerd.runtime.v2.task", e.d.Namespace, c.ID(), "criu-work", "restore.log")
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- e.rollbackInPlaceErr(c, dir) }()
+	// CRIU writes restore.log from its start: the restore is under way.
+	for deadline := time.Now().Add(restoreBound); ; time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(log); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after %s: the rollback never reached CRIU", log, restoreBound)
+		}
+	}
+	if err := task.Kill(e.ctx, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the task being restored: %v", err)
+	}
+	expectErrorNaming(t, <-done, "task killed")
+	if took := time.Since(start); took > restoreBound {
+		t.Fatalf("the killed rollback took %s", took)
+	}
+	waitForExit(t, e.ctx, task)
+	e.expectStatus(t, task, client.Stopped, "after the killed rollback")
 }
 
 // TestRestoreCraftedImage restores copies of a checkpoint crafted as an untrusted image could be
