@@ -65,10 +65,7 @@ func NewNetNS() (*os.File, error) {
 		err error
 	}
 	ch := make(chan result, 1)
-	go func() {
-		// The thread enters the new namespace and never leaves it: it is not unlocked, so Go
-		// ends it with the goroutine instead of handing it to other goroutines.
-		goruntime.LockOSThread()
+	offMainThread(func() {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			ch <- result{err: fmt.Errorf("create network namespace: %w", err)}
 			return
@@ -79,9 +76,33 @@ func NewNetNS() (*os.File, error) {
 		}
 		f, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
 		ch <- result{f, err}
-	}()
+	})
 	r := <-ch
 	return r.f, r.err
+}
+
+// offMainThread runs fn on a goroutine locked to an OS thread other than the process's main
+// thread, and never unlocks it: fn may leave the thread in another namespace, and Go ends such a
+// thread with its goroutine. The main thread must never be that thread: Go cannot end it (it
+// parks it for good instead), and /proc/self/ns names the main thread's namespaces, which
+// libcontainer takes for the host's (its sysctl check compares a container's network namespace
+// with /proc/self/ns/net and refuses "net.*" sysctls in "the host network namespace").
+func offMainThread(fn func()) {
+	locked := make(chan struct{})
+	go func() {
+		goruntime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// While this goroutine holds the main thread, the next one gets another thread:
+			// hold it until that one has locked its own.
+			offMainThread(fn)
+			close(locked)
+			goruntime.UnlockOSThread()
+			return
+		}
+		close(locked)
+		fn()
+	}()
+	<-locked
 }
 
 // loUp brings up the loopback device of the calling thread's network namespace.

@@ -1,11 +1,13 @@
 package runtime
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"testing"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"golang.org/x/sys/unix"
 )
 
 func TestNameNetNS(t *testing.T) {
@@ -71,5 +73,47 @@ func TestHasTCPSockets(t *testing.T) {
 	defer l.Close()
 	if has, err := HasTCPSockets(os.Getpid()); err != nil || !has {
 		t.Fatalf("HasTCPSockets with a listening socket = %v, %v; want true", has, err)
+	}
+}
+
+// TestOffMainThread: fn never runs on the process's main thread, whichever thread the scheduler
+// offers first (a fresh shim is idle: its main thread is the likeliest).
+func TestOffMainThread(t *testing.T) {
+	for i := range 200 {
+		tid := make(chan int, 1)
+		offMainThread(func() { tid <- unix.Gettid() })
+		if got := <-tid; got == unix.Getpid() {
+			t.Fatalf("round %d: fn ran on the main thread", i)
+		}
+	}
+}
+
+// TestNewNetNSLeavesHostNamespace: creating namespaces never moves /proc/self/ns/net (the main
+// thread's), which libcontainer takes for the host's.
+func TestNewNetNSLeavesHostNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("creating a network namespace needs root")
+	}
+	host, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		f, err := NewNetNS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		now, err := os.Readlink("/proc/self/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now != host || ns == host {
+			t.Fatalf("round %d: /proc/self/ns/net is %s (was %s), the new namespace %s", i, now, host, ns)
+		}
 	}
 }
