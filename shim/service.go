@@ -45,6 +45,7 @@ type service struct {
 	reaper   *reaper
 	shutdown shutdown.Service
 	daemon   *daemon
+	config   shimConfig
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -58,6 +59,12 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 		reaper:     newReaper(),
 		shutdown:   sd,
 		containers: make(map[string]*container),
+		config:     loadShimConfig(ctx),
+	}
+	// Once, here, rather than on the first checkpoint: CRIU's lookup and its kerndat cache (a
+	// tmpfs mount) are the shim's start-up, never a side effect of a call.
+	if err := runtime.PrepareCRIU(); err != nil {
+		log.G(ctx).WithError(err).Warn("checkpoint and restore will fail")
 	}
 	s.reaper.run(ctx)
 	sd.RegisterCallback(func(context.Context) error { s.daemon.close(); return nil })
@@ -365,15 +372,17 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 
 // Pause freezes the container.
 func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
-	return s.freeze(ctx, r.ID, true)
+	return s.setPaused(ctx, r.ID, true)
 }
 
 // Resume thaws the container.
 func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
-	return s.freeze(ctx, r.ID, false)
+	return s.setPaused(ctx, r.ID, false)
 }
 
-func (s *service) freeze(ctx context.Context, id string, pause bool) (*ptypes.Empty, error) {
+// setPaused pauses or resumes the task's processes (the cgroup freezer): not to be confused with
+// freezing a rootfs layer into a checkpoint (snapshotter/freeze).
+func (s *service) setPaused(ctx context.Context, id string, pause bool) (*ptypes.Empty, error) {
 	c, err := s.get(id)
 	if err != nil {
 		return nil, err
