@@ -136,12 +136,8 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 // watchInit starts collecting the init's exit and watching for OOM kills, right after the init
 // exists (a process can be OOM-killed before Start).
 func (s *service) watchInit(ctx context.Context, c *container) {
-	if cg, err := runtime.LoadCgroup(c.init.getPid()); err == nil {
-		c.mu.Lock()
-		c.cgroup = cg
-		c.mu.Unlock()
-	} else {
-		log.G(ctx).WithError(err).Warn("load container cgroup for stats")
+	if _, err := c.loadCgroup(); err != nil {
+		log.G(ctx).WithError(err).Warn("load container cgroup for stats (Stats tries again)")
 	}
 	s.watchOOM(ctx, c)
 	go s.collect(c, c.init)
@@ -544,23 +540,4 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	}
 	s.shutdown.Shutdown()
 	return empty, nil
-}
-
-// Stats returns the container's cgroup metrics (cgroup1 or cgroup2 stats.Metrics).
-func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	c, err := s.get(r.ID)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	cg := c.cgroup
-	c.mu.Unlock()
-	if cg == nil {
-		return nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "cgroup does not exist")
-	}
-	m, err := cg.Metrics()
-	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
-	}
-	return &taskAPI.StatsResponse{Stats: typeurl.MarshalProto(m)}, nil
 }
