@@ -95,8 +95,9 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 			nodes[sys], cur[sys] = append(nodes[sys], n), at
 			if k > 0 && nodes[sys][0] == nil {
 				e.progress("%-6s tree search ends: its root has no checkpoint to go back to", sys)
-				_ = closeAll(map[string]sandbox{sys: boxes[sys]})
+				b := boxes[sys]
 				delete(boxes, sys)
+				_, _ = e.op(w, sys, "removing the container", b.close)
 			}
 		}
 		if k%10 == 0 {
