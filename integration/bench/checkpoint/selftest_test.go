@@ -36,6 +36,9 @@ type fakeSystem struct {
 	inject []injection
 	mu     sync.Mutex
 	calls  map[string]int
+	// interrupt, when set, is called at the interruptAt-th checkpoint: a ^C during the run.
+	interrupt   func()
+	interruptAt int
 }
 
 // fail says whether this call of op is to fail, and with what.
@@ -43,6 +46,9 @@ func (s *fakeSystem) fail(op string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls[op]++
+	if s.interrupt != nil && op == "checkpoint" && s.calls[op] == s.interruptAt {
+		s.interrupt()
+	}
 	for _, in := range s.inject {
 		if in.op == op && s.calls[op] >= in.nth && s.calls[op] < in.nth+in.times {
 			return errors.New(in.errMsg)
@@ -339,6 +345,46 @@ func TestSelftest(t *testing.T) {
 	md, _ := os.ReadFile(filepath.Join(out, "results.md"))
 	if !strings.Contains(string(md), "| idle | busybox counter | checkpoint p50 |") || !strings.Contains(string(md), "| 1 / 0 | 1 / 1 |") {
 		t.Errorf("results.md lacks idle's row with its failed and retried columns:\n%s", md)
+	}
+}
+
+// An interrupt (^C) in the middle of a workload stops the run: the workloads finished before it
+// are written, the interrupted one is not recorded as failures, and what the run started is gone.
+func TestSelftestInterrupted(t *testing.T) {
+	out := t.TempDir()
+	o, err := parseOptions([]string{"-out", out, "-checkpoints", "3", "-rollbacks", "1", "-mem-mb", "1", "-rootfs-mb", "", "-agent-files", "0", "-forks", "", "-tree-expansions", "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// idle takes cklite's checkpoints 1-3; the memory workload's first is interrupted, and stock's
+	// steps after it in that round meet the cancelled context.
+	cklite := &fakeSystem{dir: filepath.Join(out, "cklite"), calls: map[string]int{}, interrupt: cancel, interruptAt: 4}
+	stock := &fakeSystem{dir: filepath.Join(out, "stock"), calls: map[string]int{}}
+	var log strings.Builder
+	e := &env{ctx: ctx, systems: map[string]system{"cklite": cklite, "stock": stock}, rec: &recorder{}, log: &log, started: time.Now()}
+	err = e.runAll(o)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("runAll: %v, want context.Canceled\n%s", err, log.String())
+	}
+	if got := exitStatus(0, err); got != 1 {
+		t.Errorf("exit status %d, want 1", got)
+	}
+	workloads := map[string]bool{}
+	for _, r := range readCSV(t, filepath.Join(out, "results.csv")) {
+		workloads[r["workload"]] = true
+	}
+	if !workloads["idle"] || workloads["memory"] {
+		t.Errorf("results.csv holds the workloads %v, want idle alone", workloads)
+	}
+	if f := readCSV(t, filepath.Join(out, "failures.csv")); len(f) != 0 {
+		t.Errorf("failures.csv holds %v, want none", f)
+	}
+	for _, dir := range []string{cklite.dir, stock.dir} {
+		if left, _ := os.ReadDir(dir); len(left) != 0 {
+			t.Errorf("%s still holds %d sandboxes", dir, len(left))
+		}
 	}
 }
 
