@@ -276,7 +276,7 @@ type svgWriter interface{ SVG(io.Writer) error }
 // writeResults prints the table to log and writes it as CSV and Markdown, with the charts and
 // the failures, into o.out. It runs after every workload: each file is replaced whole (written
 // aside, then renamed), so that a run killed at any point leaves the last complete set. The
-// final call prints the table too.
+// final call prints the table and what was written too.
 func writeResults(log io.Writer, o options, r results, took time.Duration, final bool) error {
 	rs := rows(r, o.checkpoints)
 	if final {
@@ -320,6 +320,9 @@ func writeResults(log io.Writer, o options, r results, took time.Duration, final
 		if err := writeAtomic(filepath.Join(o.out, name), data); err != nil {
 			return err
 		}
+	}
+	if !final {
+		return nil
 	}
 	slices.Sort(names)
 	failed, retried := r.rec.tally()

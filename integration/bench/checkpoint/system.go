@@ -139,6 +139,10 @@ func (s *ckliteBox) imageRoot() string { return filepath.Join(s.d.Dir, "checkpoi
 
 func (s *ckliteBox) checkpoint(i int) error {
 	dir := filepath.Join(s.imageRoot(), fmt.Sprint(i))
+	// What a failed attempt left goes: a retry writes a fresh image directory.
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return err
 	}
