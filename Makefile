@@ -88,7 +88,7 @@ bench-full: deps build
 ## injected into both (seconds; needs neither root nor containerd): the run completes, each
 ## failure shown where it happened, the transient one retried once
 bench-selftest:
-	$(GO) test -count=1 -run 'TestSelftest$$' ./integration/bench/checkpoint/
+	$(GO) test -count=1 -run '^TestSelftest' ./integration/bench/checkpoint/
 
 ## bench-all: every benchmark, each printing its ratios against the stock runc shim / overlayfs
 bench-all: bench-snapshotter bench-shim bench-checkpoint bench

@@ -388,6 +388,33 @@ func TestSelftestInterrupted(t *testing.T) {
 	}
 }
 
+// A system whose tree search lost its root has no node to go back to: its replay ends there,
+// recorded once, while the other system's runs to the end.
+func TestSelftestTreeRootFails(t *testing.T) {
+	out := t.TempDir()
+	o, err := parseOptions([]string{"-out", out, "-only", "tree", "-tree-expansions", "6", "-tree-rollbacks", "2", "-tree-files", "10"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cklite := &fakeSystem{dir: filepath.Join(out, "cklite"), calls: map[string]int{},
+		inject: []injection{{op: "checkpoint", nth: 1, times: 1, errMsg: "criu dump failed: injected"}}}
+	stock := &fakeSystem{dir: filepath.Join(out, "stock"), calls: map[string]int{}}
+	var log strings.Builder
+	e := &env{ctx: context.Background(), systems: map[string]system{"cklite": cklite, "stock": stock}, rec: &recorder{}, log: &log, started: time.Now()}
+	if err := e.runAll(o); err != nil {
+		t.Fatalf("runAll: %v\n%s", err, log.String())
+	}
+	if failed, _ := e.rec.tally(); failed != 1 || cklite.calls["checkpoint"] != 1 {
+		t.Errorf("%d failures, %d cklite checkpoints tried; want 1 and 1\n%s", failed, cklite.calls["checkpoint"], log.String())
+	}
+	if stock.calls["checkpoint"] != 7 || stock.calls["rollback"] != 2 {
+		t.Errorf("stock: %v, want 7 checkpoints and 2 rollbacks", stock.calls)
+	}
+	if left, _ := os.ReadDir(cklite.dir); len(left) != 0 {
+		t.Errorf("cklite's container was not removed when its tree search ended")
+	}
+}
+
 // readCSV reads a CSV file with a header into one map per row.
 func readCSV(t *testing.T, name string) []map[string]string {
 	t.Helper()

@@ -93,7 +93,7 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 			}
 			n, at := e.treeStep(w, sys, boxes[sys], res[sys], c, parent, k, nodes[sys], cur[sys], base[sys].all)
 			nodes[sys], cur[sys] = append(nodes[sys], n), at
-			if k > 0 && nodes[sys][0] == nil {
+			if k == 0 && n == nil {
 				e.progress("%-6s tree search ends: its root has no checkpoint to go back to", sys)
 				b := boxes[sys]
 				delete(boxes, sys)
