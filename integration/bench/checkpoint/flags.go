@@ -50,6 +50,12 @@ var modes = map[string]map[string]string{
 func parseOptions(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of bench (make bench, BENCH_ARGS for these):\n")
+		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\nExit status: 0 every operation succeeded; %d some failed, the results of the others complete\n"+
+			"(failures.csv); 1 the run stopped (set-up failed, interrupted; the workloads finished are written); 2 usage.\n", exitFailures)
+	}
 	full := fs.Bool("full", false, "full mode: memory 0/256/1024 MB, rootfs 0/200/1000 MB, 1/10/100 forks, the tree search on the python sandbox (default: quick mode, 7-9 minutes here)")
 	fs.StringVar(&o.out, "out", "", "results `DIR` (default bench-results/TIME)")
 	lists := map[string]*string{}
