@@ -14,13 +14,18 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build install demo test test-unit test-integration vet bench bench-full bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps deps-kube build install demo test test-unit test-integration vet bench bench-full bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
 ## deps: CRIU, containerd, runc, nerdctl, CNI plugins, registry, crane and apt packages (idempotent)
 deps:
 	contrib/install.sh
+
+## deps-kube: deps, plus etcd and Kubernetes' kubelet, kube-apiserver, kube-controller-manager and
+## kubectl built from the Go module proxy (cached; the first build takes long, see docs/install.md)
+deps-kube:
+	contrib/install.sh --kube
 
 ## build: cklite's binaries into bin/
 build:

@@ -94,4 +94,3 @@ func marshalAny(t *testing.T, v any) []byte {
 	}
 	return b
 }
-
