@@ -14,13 +14,18 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build install demo test test-unit test-integration vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps deps-kube build install demo test test-unit test-integration test-kube vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
 ## deps: CRIU, containerd, runc, nerdctl, CNI plugins, registry, crane and apt packages (idempotent)
 deps:
 	contrib/install.sh
+
+## deps-kube: deps, plus etcd and Kubernetes' kubelet, kube-apiserver, kube-controller-manager and
+## kubectl built from the Go module proxy (cached; the first build takes long, see docs/install.md)
+deps-kube:
+	contrib/install.sh --kube
 
 ## build: cklite's binaries into bin/
 build:
@@ -66,7 +71,11 @@ test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/integration$$')
 
 test-integration:
-	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
+	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -skip '^TestKube' ./integration/
+
+## test-kube: the kubelet tests (integration/kube_test.go) on a one-node Kubernetes built by deps-kube
+test-kube: deps-kube build
+	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '^TestKube' ./integration/
 
 ## bench: the checkpoint benchmark's quick mode (issue 6, ~9 min on 2 cores): idle, memory,
 ## filesystem, python agent sandbox, fan-out and tree-search workloads on cklite and on the stock
