@@ -23,6 +23,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
 )
 
 // Options say how many forks to make and how.
@@ -197,6 +199,9 @@ func newTemplate(ctx context.Context, c *client.Client, src Source, logDir strin
 	}
 	if err != nil {
 		return nil, fmt.Errorf("container %s of checkpoint %s: %w", name, src.Checkpoint.ID, err)
+	}
+	if err := checkpoint.CheckRuntime(name, original.Runtime.Name); err != nil {
+		return nil, err
 	}
 	if original.Image == "" {
 		return nil, fmt.Errorf("container %s was created without an image; a fork prepares its rootfs snapshot on one: %w", name, errdefs.ErrFailedPrecondition)
