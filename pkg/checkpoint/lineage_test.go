@@ -63,3 +63,24 @@ func TestDescend(t *testing.T) {
 		t.Fatalf("a full lineage is %d bytes: too long for a containerd label", n)
 	}
 }
+
+func TestCheckRuntime(t *testing.T) {
+	for _, tc := range []struct {
+		runtime string
+		ok      bool
+	}{
+		{"io.containerd.cklite.v2", true},
+		{"/opt/cklite/bin/containerd-shim-cklite-v2", true},
+		{"io.containerd.runc.v2", false},
+		{"/usr/bin/containerd-shim-runc-v2", false},
+		{"", false},
+	} {
+		err := CheckRuntime("c1", tc.runtime)
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckRuntime(%q) = %v, want ok %v", tc.runtime, err, tc.ok)
+		}
+		if err != nil && (!errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "container c1 runs on "+tc.runtime+";")) {
+			t.Errorf("CheckRuntime(%q) = %v: want not implemented, naming the container and its runtime", tc.runtime, err)
+		}
+	}
+}
