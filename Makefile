@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps deps-kube build install demo test test-unit test-integration test-kube vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps deps-kube build install demo test test-unit test-integration test-kube test-forks vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
@@ -76,6 +76,11 @@ test-integration:
 ## test-kube: the kubelet tests (integration/kube_test.go) on a one-node Kubernetes built by deps-kube
 test-kube: deps-kube build
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '^TestKube' ./integration/
+
+## test-forks: 100 forks of one nerdctl container, all must start, then checkpoint, roll back and
+## nerdctl rm (issue 13); make test runs the same with 10 (TestForksIndependent)
+test-forks: deps build
+	CKLITE_TEST_FORKS=100 $(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run 'TestForksMany$$' ./integration/
 
 ## bench: the checkpoint benchmark's quick mode (issue 6, ~9 min on 2 cores): idle, memory,
 ## filesystem, python agent sandbox, fan-out and tree-search workloads on cklite and on the stock

@@ -488,7 +488,8 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 		if err := c.init.expect("roll back", statusRunning, statusPaused); err != nil {
 			return nil, errgrpc.ToGRPC(err)
 		}
-		if err := s.rollbackInPlace(ctx, c, dir); err != nil {
+		force := r.Annotations[checkpoint.ForceForeignKey] == "true"
+		if err := s.rollbackInPlace(ctx, c, dir, force); err != nil {
 			return nil, errgrpc.ToGRPC(err)
 		}
 		return empty, nil
