@@ -407,7 +407,14 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 		_ = engine.Destroy()
 		return err
 	}
-	if err := engine.Restore(lp, ck.criuOpts(false)); err != nil {
+	rctx, limits, end, err := c.beginRestore(ctx)
+	if err != nil {
+		_ = engine.Destroy()
+		return err
+	}
+	err = engine.Restore(rctx, lp, ck.criuOpts(false), limits)
+	end()
+	if err != nil {
 		_ = engine.Destroy()
 		return keepRestoreLog(c.bundle, ck.work, err)
 	}
