@@ -349,7 +349,7 @@ type taskHold struct {
 }
 
 func holdTask(c *container, netns bool) (*taskHold, error) {
-	stdio, err := holdStdio(c.init)
+	stdio, err := holdStdio(c.init, c.engine)
 	if err != nil {
 		return nil, err
 	}

@@ -94,6 +94,11 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		}),
 	}
 	c.execsDone = sync.NewCond(&c.mu)
+	if c.hasLeftovers() {
+		if _, err := recoverContainer(ctx, c.bundle, c.stateRoot, c.id); err != nil {
+			return nil, fmt.Errorf("container %s: what a killed shim left behind cannot be removed: %w", c.id, err)
+		}
+	}
 	if c.checkpoint == "" && spec.Process != nil && ckimage.IsMarker(spec.Process.Args) {
 		if c.checkpoint, err = s.imageCheckpoint(ctx, ns, r.ID, spec); err != nil {
 			return nil, err
