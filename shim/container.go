@@ -41,6 +41,8 @@ type container struct {
 	stateRoot  string
 	sharedPid  bool // no private PID namespace: init's exit does not take the others along
 	cgroup     *runtime.Cgroup
+	// cgroupOf loads a process's cgroup: runtime.LoadCgroup, a fake in unit tests.
+	cgroupOf func(pid int) (*runtime.Cgroup, error)
 
 	checkpointMu sync.Mutex // one checkpoint at a time
 
@@ -85,12 +87,18 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		cfgOpts:    runtime.ConfigOptions{ID: r.ID, NoPivotRoot: opts.NoPivotRoot, NoNewKeyring: opts.NoNewKeyring},
 		stateRoot:  stateRoot(opts, ns),
 		sharedPid:  !privatePidNS(spec),
+		cgroupOf:   runtime.LoadCgroup,
 		execs:      make(map[string]*process),
 		init: newProcess(r.ID, true, stdio{
 			Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal,
 		}),
 	}
 	c.execsDone = sync.NewCond(&c.mu)
+	if c.hasLeftovers() {
+		if _, err := recoverContainer(ctx, c.bundle, c.stateRoot, c.id); err != nil {
+			return nil, fmt.Errorf("container %s: what a killed shim left behind cannot be removed: %w", c.id, err)
+		}
+	}
 	if c.checkpoint == "" && spec.Process != nil && ckimage.IsMarker(spec.Process.Args) {
 		if c.checkpoint, err = s.imageCheckpoint(ctx, ns, r.ID, spec); err != nil {
 			return nil, err
@@ -155,6 +163,7 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 		}
 	}
 	c.dumped = meta.Dump
+	s.descend(namespaces.WithNamespace(ctx, ns), c.id, meta)
 	moveOwnCgroup(c.spec, meta.Container, c.id)
 	if meta.Contents.HasFS() && !c.fromImage {
 		if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {

@@ -27,6 +27,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/cklite/cklite/runtime"
 )
@@ -158,8 +160,8 @@ func joinShimCgroup(opts *bootapi.BootstrapParams, pid int) error {
 	return cg.AddProc(uint64(pid))
 }
 
-// Stop cleans up after a shim that is gone: kill and destroy the container, unmount its rootfs
-// and report the init's exit (recorded in the bundle when the shim saw it, else SIGKILL).
+// Stop cleans up after a shim that is gone, whenever it died (recover.go): kill and destroy the
+// container, unmount its rootfs and report the init's exit (recorded in the bundle when the shim saw it, else SIGKILL).
 func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	bundle, err := os.Getwd()
 	if err != nil {
@@ -173,15 +175,7 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	if err != nil {
 		return shim.StopStatus{}, err
 	}
-	var pid int
-	if c, err := runtime.Load(stateRoot(opts, ns), id); err == nil {
-		pid = c.InitPid()
-		if err := c.Destroy(); err != nil {
-			log.G(ctx).WithError(err).Warn("destroy container")
-		}
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		log.G(ctx).WithError(err).Warn("load container")
-	}
+	pid, _ := recoverContainer(ctx, bundle, stateRoot(opts, ns), id)
 	stopped := time.Now()
 	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), 0); err != nil {
 		log.G(ctx).WithError(err).Warn("unmount rootfs")
@@ -199,8 +193,8 @@ func (m manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 		Name:    m.Name(),
 		Version: &types.RuntimeVersion{Version: version.Version, Revision: version.Revision},
 	}
-	opts, err := shim.ReadRuntimeOptions[*options.Options](optionsR)
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	opts, err := readInfoOptions(optionsR)
+	if err != nil {
 		return nil, fmt.Errorf("read runtime options: %w", err)
 	}
 	if opts != nil {
@@ -212,4 +206,25 @@ func (m manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 		return nil, fmt.Errorf("marshal features: %w", err)
 	}
 	return info, nil
+}
+
+// readInfoOptions reads the runtime options containerd writes to `-info`'s stdin: nothing, or a
+// protobuf Any of any form a task's Create accepts (decodeOptions). The CRI plugin introspects
+// each runtime handler this way, passing runc's Options for runtime type io.containerd.runc.v2
+// and runtimeoptions.v1.Options (the handler's options table as TOML) for any other type, such
+// as io.containerd.cklite.v2: refusing the latter would leave the handler without features
+// (no user namespaces, no recursive read-only mounts). Nothing gives nil options.
+func readInfoOptions(r io.Reader) (*options.Options, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("read stdin: %w", err)
+	}
+	if len(data) == 0 {
+		return nil, nil
+	}
+	var a anypb.Any
+	if err := proto.Unmarshal(data, &a); err != nil {
+		return nil, fmt.Errorf("stdin is not a protobuf Any: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return decodeOptions(&a)
 }
