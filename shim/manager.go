@@ -2,7 +2,6 @@ package shim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
