@@ -113,6 +113,49 @@ func TestRestoreLimits(t *testing.T) {
 	}
 }
 
+// TestExecAfterFailedRestore execs into a task whose restore failed at Start (here past
+// restore_timeout; in issue 13.1 a restorer killed by hand): libcontainer, knowing no init, joined
+// no namespace at all, and the exec ran in the host's mount, PID and network namespaces. The exec
+// must be refused, naming why, and nothing may run.
+func TestExecAfterFailedRestore(t *testing.T) {
+	e := newCkEnv(t)
+	_, task, cnt := e.startCounter(t, "source")
+	dir, _, _ := e.markedCheckpoint(t, task, cnt, "base")
+	if err := e.d.SetShimConfig(`restore_timeout = "1ms"` + "\n"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.d.SetShimConfig("") })
+	r := e.newContainer(t, "failed-restore", e.img, counterSpec)
+	failed, err := r.NewTask(e.ctx, cio.NullIO, client.WithRestoreImagePath(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = failed.Delete(e.ctx, client.WithProcessKill) })
+	expectErrorNaming(t, failed.Start(e.ctx), "restore_timeout")
+
+	spec, err := failed.Spec(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pspec := *spec.Process
+	pspec.Args, pspec.Terminal = []string{"readlink", "/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/net"}, false
+	var stdout strings.Builder
+	p, err := failed.Exec(e.ctx, "exec-"+randomTag(), &pspec, cio.NewCreator(cio.WithStreams(nil, &stdout, nil), cio.WithFIFODir(e.d.FIFODir())))
+	if err == nil {
+		var exited <-chan client.ExitStatus
+		if exited, err = p.Wait(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err = p.Start(e.ctx); err == nil {
+			<-exited
+			_, _ = p.Delete(e.ctx)
+			host, _ := os.Readlink("/proc/self/ns/mnt")
+			t.Fatalf("an exec ran in a task whose restore failed, in namespaces %q (the host's mount namespace: %s)", stdout.String(), host)
+		}
+	}
+	expectErrorNaming(t, err, "no running init")
+}
+
 // TestRestoreKilled kills a task while it is being rolled back: the Kill ends the restore (CRIU
 // and what it restored so far are killed) instead of waiting behind it, the rollback fails naming
 // the kill, and the task is STOPPED.
