@@ -101,13 +101,12 @@ func (w *restoreWatchdog) kill() {
 	for _, pid := range criuChildren() {
 		_ = unix.Kill(pid, unix.SIGKILL)
 	}
+	// Processes reads the cgroup without libcontainer's lock, which the restore holds (so no
+	// Status or Resume here: the restore's cgroup is not frozen anyway).
 	if pids, err := w.c.lc.Processes(); err == nil {
 		for _, pid := range pids {
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
-	}
-	if w.c.Paused() {
-		_ = w.c.lc.Resume() // a frozen task dies only once thawed
 	}
 }
 
