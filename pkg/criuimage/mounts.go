@@ -40,20 +40,21 @@ func checkMounts(mounts []Mount, spec *specs.Spec) error {
 	if root == nil || root.Mountpoint != "/" {
 		return fmt.Errorf("the image's mount tree has no root at /")
 	}
-	sm := specMounts(spec)
+	dests, binds, masked, cgroups := specMounts(spec)
 	for _, m := range mounts {
 		if m.ID == root.ID {
 			continue
 		}
-		if err := checkMount(m, root, sm); err != nil {
+		if err := checkMount(m, root, dests, binds, masked, cgroups); err != nil {
 			return fmt.Errorf("mount %s (%s %s): %w", m.Mountpoint, fsName(m), m.Source, err)
 		}
 	}
 	return nil
 }
 
-func checkMount(m Mount, root *Mount, sm specMountSet) error {
-	if !sm.dests[m.Mountpoint] && !under(m.Mountpoint, sm.dests) {
+func checkMount(m Mount, root *Mount, dests, binds, masked, cgroups map[string]bool) error {
+	at := dests[m.Mountpoint]
+	if !at && !under(m.Mountpoint, dests) {
 		return fmt.Errorf("not a mount of the container's spec")
 	}
 	if m.External || m.ExtKey != "" {
@@ -65,10 +66,10 @@ func checkMount(m Mount, root *Mount, sm specMountSet) error {
 			key = m.Mountpoint
 		}
 		key = cleanMountpoint(key)
-		// libcontainer's own external mounts: /dev/null over masked paths, and on cgroup v1 the
-		// hierarchies it bind-mounts below a spec mount of type cgroup, keyed by destination.
-		ownCgroup := key == m.Mountpoint && under(key, sm.cgroups)
-		if !sm.binds[key] && !(key == "/dev/null" && sm.masked[m.Mountpoint]) && !ownCgroup {
+		// On cgroup v1 libcontainer mounts each hierarchy below the spec's cgroup mount as an
+		// external bind of the host's cgroup directory, keyed by its destination.
+		cgroupV1 := m.FSType == fsCgroup && key == m.Mountpoint && under(key, cgroups)
+		if !binds[key] && !(key == "/dev/null" && masked[m.Mountpoint]) && !cgroupV1 {
 			return fmt.Errorf("external mount %q is not a bind mount of the spec", key)
 		}
 		return nil
@@ -82,39 +83,33 @@ func checkMount(m Mount, root *Mount, sm specMountSet) error {
 	return fmt.Errorf("a %s file system of the host, which the spec does not mount", fsName(m))
 }
 
-// specMountSet is where the spec (or libcontainer for it) mounts.
-type specMountSet struct {
-	dests   map[string]bool // every mount's destination, masked and read-only paths
-	binds   map[string]bool // bind mounts' destinations
-	masked  map[string]bool // masked paths
-	cgroups map[string]bool // destinations of mounts of type cgroup
-}
-
-func specMounts(spec *specs.Spec) specMountSet {
-	sm := specMountSet{dests: map[string]bool{}, binds: map[string]bool{}, masked: map[string]bool{}, cgroups: map[string]bool{}}
+// specMounts are the destinations where the spec (or libcontainer for it) mounts, those of its
+// bind mounts, its masked paths, and those of its cgroup mounts.
+func specMounts(spec *specs.Spec) (dests, binds, masked, cgroups map[string]bool) {
+	dests, binds, masked, cgroups = map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, m := range spec.Mounts {
 		d := cleanMountpoint(m.Destination)
-		sm.dests[d] = true
+		dests[d] = true
 		if m.Type == "bind" || hasBind(m.Options) {
-			sm.binds[d] = true
+			binds[d] = true
 		}
 		if m.Type == "cgroup" {
-			sm.cgroups[d] = true
+			cgroups[d] = true
 		}
 	}
 	for _, d := range runtimeMounts {
-		sm.dests[d] = true
+		dests[d] = true
 	}
 	if l := spec.Linux; l != nil {
 		for _, p := range l.MaskedPaths {
-			sm.masked[cleanMountpoint(p)] = true
-			sm.dests[cleanMountpoint(p)] = true
+			masked[cleanMountpoint(p)] = true
+			dests[cleanMountpoint(p)] = true
 		}
 		for _, p := range l.ReadonlyPaths {
-			sm.dests[cleanMountpoint(p)] = true
+			dests[cleanMountpoint(p)] = true
 		}
 	}
-	return sm
+	return dests, binds, masked, cgroups
 }
 
 func hasBind(opts []string) bool {
