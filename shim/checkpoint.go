@@ -24,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
-	"github.com/cklite/cklite/pkg/config"
 	"github.com/cklite/cklite/runtime"
 	"github.com/cklite/cklite/snapshotter/freeze"
 )
@@ -138,7 +137,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			FileLocks:           ck.opts.FileLocks,
 		},
 	}
-	ttl, err := checkpointTTL(c.spec.Annotations, rs.labels)
+	ttl, err := checkpointTTL(ck.s.config, c.spec.Annotations, rs.labels)
 	if err != nil {
 		return err
 	}
@@ -513,11 +512,11 @@ func (c *container) noRunningExecs() error {
 
 // checkpointTTL is how long a checkpoint lives: what its container asks for, else the shim
 // configuration's default; 0 is forever.
-func checkpointTTL(annotations, labels map[string]string) (time.Duration, error) {
+func checkpointTTL(sc shimConfig, annotations, labels map[string]string) (time.Duration, error) {
 	if ttl, ok, err := checkpoint.RequestedTTL(annotations, labels); err != nil || ok {
 		return ttl, err
 	}
-	cfg, err := config.LoadShim()
+	cfg, err := sc.get()
 	if err != nil {
 		return 0, err
 	}

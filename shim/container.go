@@ -40,6 +40,8 @@ type container struct {
 	stateRoot  string
 	sharedPid  bool // no private PID namespace: init's exit does not take the others along
 	cgroup     *runtime.Cgroup
+	// cgroupOf loads a process's cgroup: runtime.LoadCgroup, a fake in unit tests.
+	cgroupOf func(pid int) (*runtime.Cgroup, error)
 
 	checkpointMu sync.Mutex // one checkpoint at a time
 
@@ -82,6 +84,7 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		cfgOpts:    runtime.ConfigOptions{ID: r.ID, NoPivotRoot: opts.NoPivotRoot, NoNewKeyring: opts.NoNewKeyring},
 		stateRoot:  stateRoot(opts, ns),
 		sharedPid:  !privatePidNS(spec),
+		cgroupOf:   runtime.LoadCgroup,
 		execs:      make(map[string]*process),
 		init: newProcess(r.ID, true, stdio{
 			Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal,
