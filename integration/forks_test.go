@@ -130,14 +130,14 @@ func testForks(t *testing.T, n int) {
 		c := newCounter(e.d.RootfsPath(ids[i]))
 		writeMarks(t, c.Rootfs, name)
 		at := c.advance(t, 3)
-		out := cklite(t, e.d, "checkpoint", "create", ids[i])
+		out := cklite(t, e.d, "checkpoint", "create", name) // by nerdctl name, as nerdctl takes it
 		fk := regexp.MustCompile(`checkpoint ([0-9a-f]{12}) `).FindStringSubmatch(out)
 		if fk == nil {
 			t.Fatalf("cklite checkpoint create of %s printed no id:\n%s", name, out)
 		}
 		waitForStatus(t, e.d, name, "running")
 		changeMarks(t, c.Rootfs, name)
-		cklite(t, e.d, "rollback", ids[i], fk[1])
+		cklite(t, e.d, "rollback", name, fk[1])
 		expectRolledBack(t, c, at, name)
 		waitForStatus(t, e.d, name, "running")
 	}
