@@ -59,50 +59,44 @@ func OpenNetNS(pid int) (*os.File, error) {
 }
 
 // NewNetNS creates a network namespace with lo up, held by the returned file.
+//
+// The namespace is entered by a thread that then ends with its goroutine, and never by the main
+// thread: /proc/self/ns/net is the main thread's, and libcontainer compares a configuration's
+// network namespace against it to tell the host's. Made on the main thread, a fork's new
+// namespace passed for the host's ("sysctl ... not allowed in host network namespace"), and the
+// main thread stayed in it.
 func NewNetNS() (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	ch := make(chan result, 1)
-	offMainThread(func() {
+	var f *os.File
+	err := offMainThread(func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("create network namespace: %w", err)}
-			return
+			return fmt.Errorf("create network namespace: %w", err)
 		}
 		if err := loUp(); err != nil {
-			ch <- result{err: err}
-			return
+			return err
 		}
-		f, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		ch <- result{f, err}
+		var err error
+		f, err = os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		return err
 	})
-	r := <-ch
-	return r.f, r.err
+	return f, err
 }
 
-// offMainThread runs fn on a goroutine locked to an OS thread other than the process's main
-// thread, and never unlocks it: fn may leave the thread in another namespace, and Go ends such a
-// thread with its goroutine. The main thread must never be that thread: Go cannot end it (it
-// parks it for good instead), and /proc/self/ns names the main thread's namespaces, which
-// libcontainer takes for the host's (its sysctl check compares a container's network namespace
-// with /proc/self/ns/net and refuses "net.*" sysctls in "the host network namespace").
-func offMainThread(fn func()) {
-	locked := make(chan struct{})
+// offMainThread runs fn on a locked thread other than the main one, which ends when fn returns:
+// fn may leave the thread in namespaces of its own.
+func offMainThread(fn func() error) error {
+	done := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()
 		if unix.Gettid() == unix.Getpid() {
-			// While this goroutine holds the main thread, the next one gets another thread:
-			// hold it until that one has locked its own.
-			offMainThread(fn)
-			close(locked)
+			// While this goroutine holds the main thread, the next one runs on another.
+			done <- offMainThread(fn)
 			goruntime.UnlockOSThread()
 			return
 		}
-		close(locked)
-		fn()
+		// Not unlocked: Go ends the thread with the goroutine instead of reusing it.
+		done <- fn()
 	}()
-	<-locked
+	return <-done
 }
 
 // loUp brings up the loopback device of the calling thread's network namespace.

@@ -349,7 +349,7 @@ type taskHold struct {
 }
 
 func holdTask(c *container, netns bool) (*taskHold, error) {
-	stdio, err := holdStdio(c.init)
+	stdio, err := holdStdio(c.init, c.engine)
 	if err != nil {
 		return nil, err
 	}
@@ -407,7 +407,14 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 		_ = engine.Destroy()
 		return err
 	}
-	if err := engine.Restore(lp, ck.criuOpts(false)); err != nil {
+	rctx, limits, end, err := c.beginRestore(ctx)
+	if err != nil {
+		_ = engine.Destroy()
+		return err
+	}
+	err = engine.Restore(rctx, lp, ck.criuOpts(false), limits)
+	end()
+	if err != nil {
 		_ = engine.Destroy()
 		return keepRestoreLog(c.bundle, ck.work, err)
 	}

@@ -193,17 +193,22 @@ func (s *service) restore(ctx context.Context, c *container) error {
 		defer os.RemoveAll(work)
 	}
 	defer c.closeNetNS()
+	rctx, limits, end, err := c.beginRestore(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	release := s.reaper.hold()
 	defer release()
-	err := s.startInit(ctx, c, func(lp *libcontainer.Process) error {
-		err := c.engine.Restore(lp, runtime.CheckpointOpts{
+	err = s.startInit(ctx, c, func(lp *libcontainer.Process) error {
+		err := c.engine.Restore(rctx, lp, runtime.CheckpointOpts{
 			ImagePath:           c.checkpoint,
 			WorkPath:            work,
 			OpenTCP:             c.dumped.OpenTCP,
 			ExternalUnixSockets: c.dumped.ExternalUnixSockets,
 			Terminal:            c.dumped.Terminal,
 			FileLocks:           c.dumped.FileLocks,
-		})
+		}, limits)
 		if err != nil {
 			return fmt.Errorf("restore from %s: %w", c.checkpoint, keepRestoreLog(c.bundle, work, err))
 		}
@@ -284,6 +289,7 @@ func (s *service) deleteContainer(ctx context.Context, c *container) error {
 	if deleting {
 		return fmt.Errorf("container %s is being deleted: %w", c.id, errdefs.ErrNotFound)
 	}
+	c.cancelRestore(fmt.Errorf("task deleted"))
 	if c.init.status() == statusCreated && c.init.getPid() > 0 {
 		_ = c.engine.Signal(syscall.SIGKILL, false)
 		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -420,6 +426,10 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 		return nil, err
 	}
 	sig := syscall.Signal(r.Signal)
+	if p.init && c.cancelRestore(fmt.Errorf("task killed (signal %d)", sig)) {
+		// The restore fails and the task ends stopped: nothing else to signal.
+		return empty, nil
+	}
 	if !p.init {
 		err = p.signal(sig)
 	} else {
