@@ -4,6 +4,7 @@ package integration
 // own, to nerdctl as to the kernel, and outlive the container they were forked from.
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -51,6 +52,10 @@ func testForks(t *testing.T, n int) {
 		t.Fatal("the counter script no longer sleeps 0.02 s a round: update forkScript")
 	}
 	e := newCkEnv(t)
+	// A fork may take a minute on a loaded machine: ckTimeout is for one container.
+	ctx, cancel := context.WithTimeout(e.d.Context(context.Background()), ckTimeout+time.Duration(n)*time.Minute)
+	t.Cleanup(cancel)
+	e.ctx = ctx
 	network := bridgeNetwork(t, e.d)
 	const parent = "web"
 	parentID := runDetached(t, e.d, harness.CkliteRuntime, parent, []string{"--snapshotter", ckliteSnapshotter, "--net", network}, "sh", "-c", forkScript)
