@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -103,7 +104,9 @@ func checkNamespaces(want configs.Namespaces, paths map[configs.NamespaceType]st
 		if !ok || path == "" {
 			return fmt.Errorf("no %s namespace to join for init %d: refusing to run a process in the host's: %w", ns.Type, pid, errdefs.ErrFailedPrecondition)
 		}
-		if ns.Path != "" {
+		// A restore's namespace held by a file of the shim (/proc/SHIM/fd/N, WithNetNS) is closed
+		// once the restored init holds it: from then on it is the init's own, checked as such.
+		if ns.Path != "" && !heldByShim(ns.Path) {
 			if path != ns.Path {
 				return fmt.Errorf("%s namespace %s is not the configured %s: %w", ns.Type, path, ns.Path, errdefs.ErrFailedPrecondition)
 			}
@@ -121,6 +124,12 @@ func checkNamespaces(want configs.Namespaces, paths map[configs.NamespaceType]st
 		}
 	}
 	return nil
+}
+
+// heldByShim reports whether a configured namespace path is one of the shim's open files, the
+// form WithNetNS gives a restore's new network namespace.
+func heldByShim(path string) bool {
+	return strings.HasPrefix(path, fmt.Sprintf("/proc/%d/fd/", os.Getpid()))
 }
 
 func sameFile(a, b string) (bool, error) {
