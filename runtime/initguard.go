@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -107,7 +108,10 @@ func checkNamespaces(want configs.Namespaces, paths map[configs.NamespaceType]st
 		if exp := ns.GetPath(pid); path != exp {
 			return fmt.Errorf("%s namespace %s is not init %d's (%s): %w", ns.Type, path, pid, exp, errdefs.ErrFailedPrecondition)
 		}
-		if ns.Path != "" {
+		// A namespace given by path is the runtime's choice, except a restore's new one held by a
+		// file of the shim (/proc/SHIM/fd/N, WithNetNS), closed once the restored init holds it:
+		// that one is the init's own, checked as such.
+		if ns.Path != "" && !heldByShim(ns.Path) {
 			continue
 		}
 		same, err := sameFile(path, fmt.Sprintf("/proc/self/ns/%s", configs.NsName(ns.Type)))
@@ -119,6 +123,12 @@ func checkNamespaces(want configs.Namespaces, paths map[configs.NamespaceType]st
 		}
 	}
 	return nil
+}
+
+// heldByShim reports whether a configured namespace path is one of the shim's open files, the
+// form WithNetNS gives a restore's new network namespace.
+func heldByShim(path string) bool {
+	return strings.HasPrefix(path, fmt.Sprintf("/proc/%d/fd/", os.Getpid()))
 }
 
 func sameFile(a, b string) (bool, error) {
