@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build install demo test test-unit test-integration vet bench bench-full bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps build install demo test test-unit test-integration test-long vet bench bench-full bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
@@ -64,6 +64,10 @@ test: deps build vet test-unit test-integration
 
 test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/integration$$')
+
+## test-long: issue 16's long run: 300 checkpoints of one container, 30 rollbacks in place, 2 forks
+test-long: deps build
+	CKLITE_LONG_CHECKPOINTS=300 $(GO) test -count=1 -v -timeout 120m -run 'TestCheckpointLong$$' ./integration/
 
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
