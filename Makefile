@@ -65,9 +65,11 @@ test: deps build vet test-unit test-integration
 test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/integration$$')
 
-## test-long: issue 16's long run: 300 checkpoints of one container, 30 rollbacks in place, 2 forks
+## test-long: issue 16's long runs: 300 checkpoints of one container, 30 rollbacks in place, 2
+## forks; 16 concurrent checkpoints x 10 rounds
 test-long: deps build
-	CKLITE_LONG_CHECKPOINTS=300 $(GO) test -count=1 -v -timeout 120m -run 'TestCheckpointLong$$' ./integration/
+	CKLITE_LONG_CHECKPOINTS=300 CKLITE_CONCURRENT_ROUNDS=10 $(GO) test -count=1 -v -timeout 120m \
+		-run 'TestCheckpointLong$$|TestConcurrentCheckpoints$$' ./integration/
 
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
