@@ -15,10 +15,10 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
 
-// tickScript prints a line on stdout every round and spends nearly all its time in a compound
+// redirectingTicks prints a line on stdout every round and spends nearly all its time in a compound
 // command redirected to a file: busybox sh then has its fd 1 on that file and the stdout pipe
 // parked on fd 10, which is the moment a checkpoint or rollback usually finds it in.
-const tickScript = `i=0; while :; do i=$((i+1)); echo "tick $i"; { sleep 0.05; } >/tmp/redirected; done`
+const redirectingTicks = `i=0; while :; do i=$((i+1)); echo "tick $i"; { sleep 0.05; } >/tmp/redirected; done`
 
 // TestCheckpointStdioIdentity checkpoints (leaving it running) and rolls back in place a task
 // whose init keeps its stdout pipe away from fd 1 most of the time, 20 times: every checkpoint
@@ -30,7 +30,7 @@ func TestCheckpointStdioIdentity(t *testing.T) {
 	const cycles = 20
 	e := newCkEnv(t)
 	out := &lockedBuffer{}
-	c := e.newContainer(t, "ticks", e.img, oci.WithProcessArgs("sh", "-c", tickScript))
+	c := e.newContainer(t, "ticks", e.img, oci.WithProcessArgs("sh", "-c", redirectingTicks))
 	task, err := c.NewTask(e.ctx, cio.NewCreator(cio.WithStreams(nil, out, out), cio.WithFIFODir(e.d.FIFODir())))
 	if err != nil {
 		t.Fatal(err)
