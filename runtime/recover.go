@@ -24,7 +24,7 @@ import (
 // cgroup is found through cg, the container's configuration's, if given.
 func Recover(root, id string, dirs []string, cg *cgroups.Cgroup) (int, error) {
 	stateDir := filepath.Join(root, id)
-	lc, err := libcontainer.Load(root, id)
+	c, err := Load(root, id)
 	if err != nil {
 		if !errors.Is(err, libcontainer.ErrNotExist) {
 			log.L.WithError(err).WithField("state", stateDir).Warn("removing unreadable container state")
@@ -32,7 +32,7 @@ func Recover(root, id string, dirs []string, cg *cgroups.Cgroup) (int, error) {
 		_, oerr := EndCRIUOrphans(nil, append(dirs, stateDir))
 		return 0, errors.Join(oerr, removeCgroup(cg), removeState(stateDir))
 	}
-	pids, _ := lc.Processes()
+	pids, _ := c.lc.Processes()
 	killed, err := EndCRIUOrphans(pids, append(dirs, stateDir))
 	if err != nil {
 		return 0, err
@@ -40,7 +40,6 @@ func Recover(root, id string, dirs []string, cg *cgroups.Cgroup) (int, error) {
 	if len(killed) > 0 {
 		log.L.WithField("pids", killed).Warn("ended CRIU processes a killed shim had left running")
 	}
-	c := &Container{lc: lc, root: root}
 	pid := c.InitPid()
 	// A checkpoint freezes the cgroup around the dump: killed then, it leaves the processes
 	// frozen, where SIGKILL does not reach them.
