@@ -203,3 +203,51 @@ func (e *ckEnv) startAgain(t *testing.T, c client.Container) client.Task {
 	}
 	return task
 }
+
+// TestCRIUKilledMidDump kills CRIU (not the shim) while it dumps a leave-running checkpoint: the
+// checkpoint fails and the task must run on, thawed, with the same processes (issue 16 item 7: a
+// task was found frozen a minute after CRIU died mid-dump), and nothing be recorded.
+func TestCRIUKilledMidDump(t *testing.T) {
+	e := newCkEnv(t)
+	_, task, cnt := e.startCounter(t, "criu-killed")
+	at := cnt.advance(t, 1)
+	before := e.records(t)
+	shims := shimproc.Find(e.d.Address, task.ID())
+	if len(shims) != 1 {
+		t.Fatalf("shims of %s: %v, want one", task.ID(), shims)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.checkpointErr(task, checkpointDir(t, e.d, "criu-killed"), nil) }()
+	criu, _ := waitForCRIU(t, shims[0], "dump.log", task.Pid(), done)
+	if err := unix.Kill(criu, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the checkpoint succeeded although its CRIU was killed")
+	} else {
+		t.Logf("the checkpoint failed as it should: %v", err)
+	}
+	e.expectStatus(t, task, client.Running, fmt.Sprintf("after CRIU was killed mid-dump (freezer %s)", freezerState(task.Pid())))
+	expectContinues(t, cnt, at)
+	if after := e.records(t); len(after) != len(before) {
+		t.Fatalf("%d checkpoints listed after the failed one, %d before: %v", len(after), len(before), recordIDs(after))
+	}
+}
+
+// freezerState reads the cgroup v1 freezer state of pid's cgroup, for failure messages.
+func freezerState(pid uint32) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return err.Error()
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && f[1] == "freezer" {
+			st, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", f[2], "freezer.state"))
+			if err != nil {
+				return err.Error()
+			}
+			return strings.TrimSpace(string(st))
+		}
+	}
+	return "no freezer cgroup"
+}
