@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps deps-kube build install demo test test-unit test-integration test-kube test-forks vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps deps-kube build install demo test test-unit test-integration test-long test-kube test-forks vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
@@ -69,6 +69,12 @@ test: deps build vet test-unit test-integration
 
 test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/integration$$')
+
+## test-long: issue 16's long runs: 300 checkpoints of one container, 30 rollbacks in place, 2
+## forks; 16 concurrent checkpoints x 10 rounds
+test-long: deps build
+	CKLITE_LONG_CHECKPOINTS=300 CKLITE_CONCURRENT_ROUNDS=10 $(GO) test -count=1 -v -timeout 120m \
+		-run 'TestCheckpointLong$$|TestConcurrentCheckpoints$$' ./integration/
 
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -skip '^TestKube' ./integration/

@@ -28,8 +28,8 @@ import (
 // not frozen (issue 16 items 2, 3 and 7).
 func TestShimKilledMidCheckpoint(t *testing.T) {
 	e := newCkEnv(t)
-	for round, nthCRIU := range []int{1, 2} { // the dump's CRIU, then the restore's
-		t.Run(fmt.Sprintf("kill at CRIU run %d", nthCRIU), func(t *testing.T) {
+	for round, log := range []string{"dump.log", "restore.log"} {
+		t.Run("kill while CRIU writes "+log, func(t *testing.T) {
 			id := fmt.Sprintf("killed-%d", round)
 			c, task, cnt := e.startCounter(t, id)
 			before := cnt.advance(t, 1)
@@ -40,7 +40,7 @@ func TestShimKilledMidCheckpoint(t *testing.T) {
 			shim := shims[0]
 			done := make(chan error, 1)
 			go func() { done <- e.checkpointErr(task, checkpointDir(t, e.d, id), nil) }()
-			criu, cwd := waitForCRIU(t, shim, nthCRIU, done)
+			criu, cwd := waitForCRIU(t, shim, log, task.Pid(), done)
 			if err := unix.Kill(shim, unix.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
@@ -64,33 +64,54 @@ func TestShimKilledMidCheckpoint(t *testing.T) {
 	}
 }
 
-// waitForCRIU waits until shim has started its nth CRIU process and returns its pid and working
-// directory; it fails the test if the checkpoint ends first.
-func waitForCRIU(t *testing.T, shim, nth int, done <-chan error) (int, string) {
+// waitForCRIU waits until a CRIU process of shim has its log named log open (dump.log or
+// restore.log: libcontainer's, in the CRIU work directory), and, for a dump, holds the task's init
+// pid under ptrace: CRIU is then in the middle of its work. It returns CRIU's pid and working
+// directory, and fails the test if the checkpoint ends first.
+func waitForCRIU(t *testing.T, shim int, log string, pid uint32, done <-chan error) (int, string) {
 	t.Helper()
-	seen := map[int]bool{}
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		for _, pid := range childrenOf(shim) {
-			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-			if filepath.Base(exe) != "criu" || seen[pid] {
+		for _, criu := range childrenOf(shim) {
+			if !criuAlive(criu) || !hasFileNamed(criu, log) || (log == "dump.log" && tracerOf(pid) != criu) {
 				continue
 			}
-			seen[pid] = true
-			if len(seen) == nth {
-				cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-				return pid, cwd
-			}
+			cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", criu))
+			return criu, cwd
 		}
 		select {
 		case err := <-done:
-			t.Fatalf("the checkpoint ended (%v) before CRIU run %d was seen", err, nth)
+			t.Fatalf("the checkpoint ended (%v) before CRIU was seen working on %s", err, log)
 		default:
 		}
 		time.Sleep(time.Millisecond)
 	}
-	t.Fatalf("no CRIU run %d of shim %d within 2 minutes", nth, shim)
+	t.Fatalf("shim %d ran no CRIU writing %s within 2 minutes", shim, log)
 	return 0, ""
+}
+
+// hasFileNamed reports whether pid has a file whose name is name open.
+func hasFileNamed(pid int, name string) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, _ := os.ReadDir(dir)
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && filepath.Base(target) == name {
+			return true
+		}
+	}
+	return false
+}
+
+// tracerOf is the pid ptrace-attached to pid, or 0.
+func tracerOf(pid uint32) int {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
 
 // childrenOf lists pid's child processes.
@@ -181,4 +202,52 @@ func (e *ckEnv) startAgain(t *testing.T, c client.Container) client.Task {
 		t.Fatalf("starting %s again after its shim was killed mid-checkpoint: %v", c.ID(), err)
 	}
 	return task
+}
+
+// TestCRIUKilledMidDump kills CRIU (not the shim) while it dumps a leave-running checkpoint: the
+// checkpoint fails and the task must run on, thawed, with the same processes (issue 16 item 7: a
+// task was found frozen a minute after CRIU died mid-dump), and nothing be recorded.
+func TestCRIUKilledMidDump(t *testing.T) {
+	e := newCkEnv(t)
+	_, task, cnt := e.startCounter(t, "criu-killed")
+	at := cnt.advance(t, 1)
+	before := e.records(t)
+	shims := shimproc.Find(e.d.Address, task.ID())
+	if len(shims) != 1 {
+		t.Fatalf("shims of %s: %v, want one", task.ID(), shims)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.checkpointErr(task, checkpointDir(t, e.d, "criu-killed"), nil) }()
+	criu, _ := waitForCRIU(t, shims[0], "dump.log", task.Pid(), done)
+	if err := unix.Kill(criu, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the checkpoint succeeded although its CRIU was killed")
+	} else {
+		t.Logf("the checkpoint failed as it should: %v", err)
+	}
+	e.expectStatus(t, task, client.Running, fmt.Sprintf("after CRIU was killed mid-dump (freezer %s)", freezerState(task.Pid())))
+	expectContinues(t, cnt, at)
+	if after := e.records(t); len(after) != len(before) {
+		t.Fatalf("%d checkpoints listed after the failed one, %d before: %v", len(after), len(before), recordIDs(after))
+	}
+}
+
+// freezerState reads the cgroup v1 freezer state of pid's cgroup, for failure messages.
+func freezerState(pid uint32) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return err.Error()
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && f[1] == "freezer" {
+			st, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", f[2], "freezer.state"))
+			if err != nil {
+				return err.Error()
+			}
+			return strings.TrimSpace(string(st))
+		}
+	}
+	return "no freezer cgroup"
 }

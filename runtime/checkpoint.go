@@ -76,6 +76,14 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	// cgroup itself, with its own, longer, timeout.
 	thaw := !c.Paused() && c.Pause() == nil
 	err = wrap("checkpoint", c.lc.Checkpoint(opts))
+	if !thaw && err != nil && !c.Paused() {
+		// CRIU thaws a cgroup it found frozen once it holds the tasks by ptrace, and freezes it
+		// again when done; killed in between, it leaves the client's paused task running while
+		// the client believes it paused, and its Resume then fails (issue 16 item 7).
+		if perr := c.Pause(); perr != nil {
+			log.L.WithError(perr).Warn("freeze the paused task again after a failed dump")
+		}
+	}
 	if thaw {
 		// After an exit the processes are gone or going: thawing lets a killed one finish.
 		if rerr := c.Resume(); rerr != nil && err == nil && !o.Exit {

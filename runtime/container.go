@@ -105,8 +105,8 @@ func (c *Container) Signal(sig syscall.Signal, all bool) error {
 	return nil
 }
 
-// Pause freezes the container's cgroup.
-func (c *Container) Pause() error { return wrap("pause", c.lc.Pause()) }
+// Pause freezes the container's cgroup, retrying for a while (freeze.go).
+func (c *Container) Pause() error { return wrap("pause", retryFreeze(c.lc.Pause, freezeTimeout)) }
 
 // Resume thaws the container's cgroup.
 func (c *Container) Resume() error { return wrap("resume", c.lc.Resume()) }

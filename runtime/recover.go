@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containerd/log"
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 )
@@ -16,19 +19,20 @@ import (
 // ptrace-holding its processes, or with files below dirs or its state), a cgroup left frozen by
 // the checkpoint, its processes, its cgroups and its state, so that a container of that id can
 // be created again. It returns the init's pid, or 0 when nothing was left.
-func Recover(root, id string, dirs []string) (int, error) {
+//
+// Without a readable state (a shim killed in a restore, before libcontainer wrote it) the
+// cgroup is found through cg, the container's configuration's, if given.
+func Recover(root, id string, dirs []string, cg *cgroups.Cgroup) (int, error) {
 	stateDir := filepath.Join(root, id)
-	lc, err := libcontainer.Load(root, id)
-	if errors.Is(err, libcontainer.ErrNotExist) {
-		_, err := EndCRIUOrphans(nil, append(dirs, stateDir))
-		return 0, err
-	}
+	c, err := Load(root, id)
 	if err != nil {
-		// A state libcontainer cannot read is no container: nothing runs under it.
-		log.L.WithError(err).WithField("state", stateDir).Warn("removing unreadable container state")
-		return 0, removeState(stateDir)
+		if !errors.Is(err, libcontainer.ErrNotExist) {
+			log.L.WithError(err).WithField("state", stateDir).Warn("removing unreadable container state")
+		}
+		_, oerr := EndCRIUOrphans(nil, append(dirs, stateDir))
+		return 0, errors.Join(oerr, removeCgroup(cg), removeState(stateDir))
 	}
-	pids, _ := lc.Processes()
+	pids, _ := c.lc.Processes()
 	killed, err := EndCRIUOrphans(pids, append(dirs, stateDir))
 	if err != nil {
 		return 0, err
@@ -36,7 +40,6 @@ func Recover(root, id string, dirs []string) (int, error) {
 	if len(killed) > 0 {
 		log.L.WithField("pids", killed).Warn("ended CRIU processes a killed shim had left running")
 	}
-	c := &Container{lc: lc, root: root}
 	pid := c.InitPid()
 	// A checkpoint freezes the cgroup around the dump: killed then, it leaves the processes
 	// frozen, where SIGKILL does not reach them.
@@ -59,6 +62,35 @@ func removeState(dir string) error {
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove container state %s: %w", dir, err)
+	}
+	return nil
+}
+
+// removeCgroup thaws cg, kills what runs in it and removes it; a cgroup that does not exist is
+// left alone.
+func removeCgroup(cg *cgroups.Cgroup) error {
+	if cg == nil {
+		return nil
+	}
+	m, err := manager.New(cg)
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", cg.Path, err)
+	}
+	if !m.Exists() {
+		return nil
+	}
+	_ = m.Freeze(cgroups.Thawed)
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		pids, err := m.GetAllPids()
+		if err != nil || len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	if err := m.Destroy(); err != nil {
+		return fmt.Errorf("remove cgroup %s: %w", cg.Path, err)
 	}
 	return nil
 }

@@ -52,6 +52,11 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(err)
 	}
 	ctx = namespaces.WithNamespace(ctx, ns)
+	if o.ImagePath != "" {
+		if err := checkImageDir(o.ImagePath); err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+	}
 	ck := &checkpointRun{s: s, c: c, opts: o, path: o.ImagePath}
 	if ck.path == "" {
 		ck.path = r.Path

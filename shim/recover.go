@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/log"
+	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/runtime"
@@ -27,7 +29,7 @@ import (
 // libcontainer root root, and returns the init's pid (0 if nothing was left).
 func recoverContainer(ctx context.Context, bundle, root, id string) (int, error) {
 	// CRIU runs with the shim's working directory, the bundle, and logs into criu-work.
-	pid, err := runtime.Recover(root, id, []string{bundle})
+	pid, err := runtime.Recover(root, id, []string{bundle}, ownCgroup(bundle, id))
 	work := criuWorkDir(bundle)
 	if _, serr := os.Stat(work); serr == nil {
 		if uerr := mount.UnmountRecursive(work, unix.MNT_DETACH); uerr != nil {
@@ -53,4 +55,20 @@ func (c *container) hasLeftovers() bool {
 		}
 	}
 	return false
+}
+
+// ownCgroup is the cgroup container id's bundle gives it, as the shim created it (moveOwnCgroup:
+// a fork's spec names the original's cgroup, its own is the sibling named by its id); nil when
+// the spec cannot be read.
+func ownCgroup(bundle, id string) *cgroups.Cgroup {
+	spec, err := runtime.LoadSpec(bundle)
+	if err != nil || spec.Linux == nil || spec.Linux.CgroupsPath == "" {
+		return nil
+	}
+	spec.Linux.CgroupsPath = path.Join(path.Dir(spec.Linux.CgroupsPath), id)
+	cfg, err := runtime.NewConfig(bundle, spec, runtime.ConfigOptions{ID: id})
+	if err != nil {
+		return nil
+	}
+	return cfg.Cgroups
 }
