@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -123,12 +122,6 @@ func checkNamespaces(want configs.Namespaces, paths map[configs.NamespaceType]st
 		}
 	}
 	return nil
-}
-
-// heldByShim reports whether a configured namespace path is one of the shim's open files, the
-// form WithNetNS gives a restore's new network namespace.
-func heldByShim(path string) bool {
-	return strings.HasPrefix(path, fmt.Sprintf("/proc/%d/fd/", os.Getpid()))
 }
 
 func sameFile(a, b string) (bool, error) {

@@ -30,12 +30,6 @@ func TestCheckNamespaces(t *testing.T) {
 			paths: map[configs.NamespaceType]string{configs.NEWNET: "/var/run/netns/x"}, wantErr: true},
 		{name: "another pid's", want: configs.Namespaces{{Type: configs.NEWNS}},
 			paths: map[configs.NamespaceType]string{configs.NEWNS: "/proc/1/ns/mnt"}, wantErr: true},
-		// A restore's namespace held by the shim's file, closed once restored: the init's own,
-		// checked as such (here: refused, since the test process shares the host's).
-		{name: "restore's held namespace is the host's", want: configs.Namespaces{{Type: configs.NEWNET, Path: fmt.Sprintf("/proc/%d/fd/13", self)}},
-			paths: map[configs.NamespaceType]string{configs.NEWNET: own(configs.NEWNET)}, wantErr: true},
-		{name: "restore's held namespace, another pid's", want: configs.Namespaces{{Type: configs.NEWNET, Path: fmt.Sprintf("/proc/%d/fd/13", self)}},
-			paths: map[configs.NamespaceType]string{configs.NEWNET: "/proc/1/ns/net"}, wantErr: true},
 		// The test process stands for an init that shares the host's (the shim's) namespaces.
 		{name: "private namespace is the host's", want: configs.Namespaces{{Type: configs.NEWNS}},
 			paths: map[configs.NamespaceType]string{configs.NEWNS: own(configs.NEWNS)}, wantErr: true},
