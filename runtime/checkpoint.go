@@ -1,10 +1,12 @@
 package runtime
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -27,13 +29,11 @@ type CheckpointOpts struct {
 	CgroupsMode         string
 }
 
-// criu builds libcontainer's CriuOpts the way runc's checkpoint/restore commands do.
+// criu builds libcontainer's CriuOpts the way runc's checkpoint/restore commands do. It is pure:
+// whether CRIU is there was settled once, by PrepareCRIU.
 func (o CheckpointOpts) criu() (*libcontainer.CriuOpts, error) {
 	if o.ImagePath == "" {
 		return nil, fmt.Errorf("checkpoint image path is empty: %w", errdefs.ErrInvalidArgument)
-	}
-	if err := findCRIU(); err != nil {
-		return nil, err
 	}
 	// runc never checkpoints network devices, so the network namespace is always "empty":
 	// the restored container gets a fresh one. Only the network namespace may be named.
@@ -60,6 +60,9 @@ func (o CheckpointOpts) criu() (*libcontainer.CriuOpts, error) {
 // Checkpoint dumps the container with CRIU into o.ImagePath. Without LeaveRunning CRIU kills
 // the container's processes after the dump (init exits with SIGKILL).
 func (c *Container) Checkpoint(o CheckpointOpts) error {
+	if err := criuReady(); err != nil {
+		return err
+	}
 	opts, err := o.criu()
 	if err != nil {
 		return err
@@ -85,15 +88,33 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 }
 
 // Restore restores the container from o.ImagePath as p (the new init, whose stdio replaces the
-// checkpointed pipes). The container's rootfs must already be mounted.
-func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
+// checkpointed pipes). The container's rootfs must already be mounted. The restore ends, failed,
+// when ctx ends or it passes lim (restoreWatchdog).
+func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o CheckpointOpts, lim RestoreLimits) error {
+	if err := criuReady(); err != nil {
+		return err
+	}
 	opts, err := o.criu()
 	if err != nil {
 		return err
 	}
 	opts.LeaveRunning = false
 	p.Init = true
-	if err := c.lc.Restore(p, opts); err != nil {
+	// Until the restored init is held, no exec may join anything: the old init is gone.
+	c.guard.drop()
+	w := c.watchRestore(ctx, opts.WorkDirectory, lim)
+	err = c.lc.Restore(p, opts)
+	if cause := w.stop(); cause != nil {
+		if err == nil {
+			// Finished as the watchdog fired: what it killed may be the restored tasks.
+			_ = c.Signal(unix.SIGKILL, true)
+			err = cause
+		} else {
+			err = fmt.Errorf("%w (CRIU: %w)", cause, err)
+		}
+		return err
+	}
+	if err != nil {
 		return wrap("restore", err)
 	}
 	// libcontainer records the restored init's start time in its state file but not in the
@@ -104,7 +125,7 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 		return wrap("reload restored container", err)
 	}
 	c.lc = lc
-	return nil
+	return c.guard.hold(c.InitPid())
 }
 
 // initComm is the name libcontainer's init goes by until it execs the user's program.
@@ -124,16 +145,44 @@ func (c *Container) waitUserExec(limit time.Duration) {
 	}
 }
 
-// findCRIU checks that libcontainer will find criu, which it runs from PATH: without it
-// libcontainer fails with a bare exec error that does not say what to install. It also gives
-// CRIU a place to keep its kerndat cache.
-func findCRIU() error {
+// criu is what PrepareCRIU found, once per process.
+var criu struct {
+	once     sync.Once
+	prepared bool
+	err      error
+}
+
+// PrepareCRIU looks CRIU up and gives it its kerndat cache, once per process: the shim calls it
+// at start, so that building options or running a checkpoint never touches the host. A missing
+// CRIU is the returned error, and every later Checkpoint and Restore fails with it; the shim
+// runs on without, for containers that are never checkpointed.
+func PrepareCRIU() error {
+	criu.once.Do(func() {
+		criu.prepared = true
+		if criu.err = lookCRIU(); criu.err != nil {
+			return
+		}
+		if err := keepKerndatCache(); err != nil {
+			log.L.WithError(err).Warn("CRIU will probe the kernel on every run")
+		}
+	})
+	return criu.err
+}
+
+// criuReady is PrepareCRIU's verdict; a process that never called it has no CRIU to run.
+func criuReady() error {
+	if !criu.prepared {
+		return fmt.Errorf("CRIU was not prepared (runtime.PrepareCRIU is called at shim start): %w", errdefs.ErrFailedPrecondition)
+	}
+	return criu.err
+}
+
+// lookCRIU checks that libcontainer will find criu, which it runs from PATH: without it
+// libcontainer fails with a bare exec error that does not say what to install.
+func lookCRIU() error {
 	if _, err := exec.LookPath("criu"); err != nil {
 		return fmt.Errorf("CRIU is not installed where the shim looks (PATH %q): install CRIU >= 4 ('make deps' builds one into /opt/cklite/bin): %w: %w",
 			os.Getenv("PATH"), err, errdefs.ErrFailedPrecondition)
-	}
-	if err := keepKerndatCache(); err != nil {
-		log.L.WithError(err).Warn("CRIU will probe the kernel on every run")
 	}
 	return nil
 }

@@ -11,21 +11,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestCriuOptsWithoutCRIU(t *testing.T) {
+func TestLookCRIU(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	_, err := CheckpointOpts{ImagePath: "/i"}.criu()
+	err := lookCRIU()
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "CRIU is not installed") {
-		t.Fatalf("criu() without criu in PATH: %v, want a FailedPrecondition saying CRIU is not installed", err)
+		t.Fatalf("lookCRIU without criu in PATH: %v, want a FailedPrecondition saying CRIU is not installed", err)
 	}
-}
-
-func TestCriuOpts(t *testing.T) {
-	// criu() only looks criu up; an executable file of that name will do.
+	// Only the lookup: an executable file of that name will do.
 	bin := t.TempDir()
 	if err := os.WriteFile(filepath.Join(bin, "criu"), nil, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", bin)
+	if err := lookCRIU(); err != nil {
+		t.Fatalf("lookCRIU with criu in PATH: %v", err)
+	}
+}
+
+// Building options is pure: no lookup, no mount (go test ./runtime as root leaves the host as it
+// found it), whatever PATH holds.
+func TestCriuOpts(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
 	for _, tc := range []struct {
 		name    string
 		in      CheckpointOpts

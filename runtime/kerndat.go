@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,16 +17,11 @@ import (
 // systemd runs, but not on every host (not on these machines).
 const kerndatDir = "/run/cklite/criu"
 
-var kerndat struct {
-	once sync.Once
-	err  error
-}
-
-// keepKerndatCache makes sure kerndatDir is a tmpfs, mounting a small one if it is not, once per
-// process. Failing costs CRIU's probing, not correctness: the caller logs the error and goes on.
+// keepKerndatCache makes sure kerndatDir is a tmpfs, mounting a small one if it is not (once per
+// process: PrepareCRIU's). Failing costs CRIU's probing, not correctness: the caller logs the
+// error and goes on.
 func keepKerndatCache() error {
-	kerndat.once.Do(func() { kerndat.err = mountKerndatDir(kerndatDir) })
-	return kerndat.err
+	return mountKerndatDir(kerndatDir)
 }
 
 func mountKerndatDir(dir string) error {

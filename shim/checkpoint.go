@@ -24,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
-	"github.com/cklite/cklite/pkg/config"
 	"github.com/cklite/cklite/runtime"
 	"github.com/cklite/cklite/snapshotter/freeze"
 )
@@ -130,6 +129,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		Host:      checkpoint.MachineID(),
 		Created:   time.Now().UTC(),
 		Version:   ckliteVersion,
+		Lineage:   rs.labels[checkpoint.LineageKey],
 		Dump: checkpoint.DumpFlags{
 			OpenTCP:             ck.opts.OpenTcp,
 			ExternalUnixSockets: ck.opts.ExternalUnixSockets,
@@ -137,7 +137,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			FileLocks:           ck.opts.FileLocks,
 		},
 	}
-	ttl, err := checkpointTTL(c.spec.Annotations, rs.labels)
+	ttl, err := checkpointTTL(ck.s.config, c.spec.Annotations, rs.labels)
 	if err != nil {
 		return err
 	}
@@ -314,7 +314,21 @@ func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error
 		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
 		return err
 	}
+	ck.s.descend(ctx, ck.c.id, meta)
 	return nil
+}
+
+// descend records that container id's state now descends from checkpoint meta (taken of it,
+// restored or rolled back to). A failure is logged, not returned: the checkpoint or restore is
+// done, and a lineage left behind only refuses rollbacks that --force-foreign still allows.
+func (s *service) descend(ctx context.Context, id string, meta checkpoint.Meta) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err == nil {
+		err = s.daemon.setLineage(ctx, ns, id, checkpoint.Descend(meta.ID, checkpoint.ParseLineage(meta.Lineage)))
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("checkpoint", meta.ID).Warn("lineage not recorded")
+	}
 }
 
 // remount mounts the container's snapshot key again at <bundle>/rootfs.
@@ -335,7 +349,7 @@ type taskHold struct {
 }
 
 func holdTask(c *container, netns bool) (*taskHold, error) {
-	stdio, err := holdStdio(c.init)
+	stdio, err := holdStdio(c.init, c.engine)
 	if err != nil {
 		return nil, err
 	}
@@ -393,7 +407,14 @@ func (ck *checkpointRun) restoreInPlace(ctx context.Context, sn snapshots.Snapsh
 		_ = engine.Destroy()
 		return err
 	}
-	if err := engine.Restore(lp, ck.criuOpts(false)); err != nil {
+	rctx, limits, end, err := c.beginRestore(ctx)
+	if err != nil {
+		_ = engine.Destroy()
+		return err
+	}
+	err = engine.Restore(rctx, lp, ck.criuOpts(false), limits)
+	end()
+	if err != nil {
 		_ = engine.Destroy()
 		return keepRestoreLog(c.bundle, ck.work, err)
 	}
@@ -498,11 +519,11 @@ func (c *container) noRunningExecs() error {
 
 // checkpointTTL is how long a checkpoint lives: what its container asks for, else the shim
 // configuration's default; 0 is forever.
-func checkpointTTL(annotations, labels map[string]string) (time.Duration, error) {
+func checkpointTTL(sc shimConfig, annotations, labels map[string]string) (time.Duration, error) {
 	if ttl, ok, err := checkpoint.RequestedTTL(annotations, labels); err != nil || ok {
 		return ttl, err
 	}
-	cfg, err := config.LoadShim()
+	cfg, err := sc.get()
 	if err != nil {
 		return 0, err
 	}

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -34,7 +35,7 @@ func TestCheckpointTTL(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(config.ShimConfigEnv, tc.config)
-			got, err := checkpointTTL(tc.annotations, tc.labels)
+			got, err := checkpointTTL(loadShimConfig(context.Background()), tc.annotations, tc.labels)
 			if tc.wantErr {
 				if err == nil {
 					t.Fatalf("checkpointTTL = %v, want an error", got)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
+	"github.com/cklite/cklite/pkg/criuimage"
 	"github.com/cklite/cklite/runtime"
 )
 
@@ -40,6 +41,8 @@ type container struct {
 	stateRoot  string
 	sharedPid  bool // no private PID namespace: init's exit does not take the others along
 	cgroup     *runtime.Cgroup
+	// cgroupOf loads a process's cgroup: runtime.LoadCgroup, a fake in unit tests.
+	cgroupOf func(pid int) (*runtime.Cgroup, error)
 
 	checkpointMu sync.Mutex // one checkpoint at a time
 
@@ -47,8 +50,10 @@ type container struct {
 	execs        map[string]*process
 	runningExecs int
 	initExited   bool
-	deleting     bool       // a Delete of init is under way: a second one is refused
-	execsDone    *sync.Cond // signalled when runningExecs drops
+	deleting     bool // a Delete of init is under way: a second one is refused
+	// restoreCancel ends the restore under way, if any (beginRestore).
+	restoreCancel context.CancelCauseFunc
+	execsDone     *sync.Cond // signalled when runningExecs drops
 }
 
 // newContainer mounts the rootfs, converts the spec and creates the container with its init
@@ -82,12 +87,18 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		cfgOpts:    runtime.ConfigOptions{ID: r.ID, NoPivotRoot: opts.NoPivotRoot, NoNewKeyring: opts.NoNewKeyring},
 		stateRoot:  stateRoot(opts, ns),
 		sharedPid:  !privatePidNS(spec),
+		cgroupOf:   runtime.LoadCgroup,
 		execs:      make(map[string]*process),
 		init: newProcess(r.ID, true, stdio{
 			Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal,
 		}),
 	}
 	c.execsDone = sync.NewCond(&c.mu)
+	if c.hasLeftovers() {
+		if _, err := recoverContainer(ctx, c.bundle, c.stateRoot, c.id); err != nil {
+			return nil, fmt.Errorf("container %s: what a killed shim left behind cannot be removed: %w", c.id, err)
+		}
+	}
 	if c.checkpoint == "" && spec.Process != nil && ckimage.IsMarker(spec.Process.Args) {
 		if c.checkpoint, err = s.imageCheckpoint(ctx, ns, r.ID, spec); err != nil {
 			return nil, err
@@ -141,17 +152,18 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 func (s *service) prepareRestore(ctx context.Context, ns string, c *container, rootfs []mount.Mount) ([]mount.Mount, error) {
 	meta, err := checkpoint.Read(c.checkpoint)
 	if errdefs.IsNotFound(err) {
-		return rootfs, checkpoint.CheckImages(c.checkpoint) // a stock CRIU image
+		return rootfs, admitImages(c.checkpoint, c.spec) // a stock CRIU image
 	}
 	if err != nil {
 		return nil, err
 	}
 	if meta.Contents.HasMemory() {
-		if err := checkpoint.CheckImages(c.checkpoint); err != nil {
+		if err := admitImages(c.checkpoint, c.spec); err != nil {
 			return nil, err
 		}
 	}
 	c.dumped = meta.Dump
+	s.descend(namespaces.WithNamespace(ctx, ns), c.id, meta)
 	moveOwnCgroup(c.spec, meta.Container, c.id)
 	if meta.Contents.HasFS() && !c.fromImage {
 		if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {
@@ -162,6 +174,16 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 		c.checkpoint = ""
 	}
 	return rootfs, nil
+}
+
+// admitImages checks a CRIU image directory before anything is restored from it: complete, and
+// asking for nothing beyond spec (pkg/criuimage). Every restore is admitted, whatever made the
+// image: it may come from another host, a registry or another container.
+func admitImages(dir string, spec *specs.Spec) error {
+	if err := checkpoint.CheckImages(dir); err != nil {
+		return err
+	}
+	return criuimage.Admit(dir, spec)
 }
 
 // restoreConfig prepares the configuration of a container created to restore a checkpoint: the

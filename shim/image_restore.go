@@ -17,7 +17,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/ckimage"
-	"github.com/cklite/cklite/pkg/config"
 )
 
 // imageCacheTTL is how long an extracted checkpoint image stays in the cache after its last use
@@ -57,7 +56,7 @@ func (s *service) imageCheckpoint(ctx context.Context, ns, id string, spec *spec
 	if err := ck.CheckMounts(spec); err != nil {
 		return "", fmt.Errorf("container %s: %w", id, err)
 	}
-	cfg, err := config.LoadShim()
+	cfg, err := s.config.get()
 	if err != nil {
 		return "", err
 	}

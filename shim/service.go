@@ -45,6 +45,7 @@ type service struct {
 	reaper   *reaper
 	shutdown shutdown.Service
 	daemon   *daemon
+	config   shimConfig
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -58,6 +59,12 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 		reaper:     newReaper(),
 		shutdown:   sd,
 		containers: make(map[string]*container),
+		config:     loadShimConfig(ctx),
+	}
+	// Once, here, rather than on the first checkpoint: CRIU's lookup and its kerndat cache (a
+	// tmpfs mount) are the shim's start-up, never a side effect of a call.
+	if err := runtime.PrepareCRIU(); err != nil {
+		log.G(ctx).WithError(err).Warn("checkpoint and restore will fail")
 	}
 	s.reaper.run(ctx)
 	sd.RegisterCallback(func(context.Context) error { s.daemon.close(); return nil })
@@ -129,12 +136,8 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 // watchInit starts collecting the init's exit and watching for OOM kills, right after the init
 // exists (a process can be OOM-killed before Start).
 func (s *service) watchInit(ctx context.Context, c *container) {
-	if cg, err := runtime.LoadCgroup(c.init.getPid()); err == nil {
-		c.mu.Lock()
-		c.cgroup = cg
-		c.mu.Unlock()
-	} else {
-		log.G(ctx).WithError(err).Warn("load container cgroup for stats")
+	if _, err := c.loadCgroup(); err != nil {
+		log.G(ctx).WithError(err).Warn("load container cgroup for stats (Stats tries again)")
 	}
 	s.watchOOM(ctx, c)
 	go s.collect(c, c.init)
@@ -190,17 +193,22 @@ func (s *service) restore(ctx context.Context, c *container) error {
 		defer os.RemoveAll(work)
 	}
 	defer c.closeNetNS()
+	rctx, limits, end, err := c.beginRestore(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	release := s.reaper.hold()
 	defer release()
-	err := s.startInit(ctx, c, func(lp *libcontainer.Process) error {
-		err := c.engine.Restore(lp, runtime.CheckpointOpts{
+	err = s.startInit(ctx, c, func(lp *libcontainer.Process) error {
+		err := c.engine.Restore(rctx, lp, runtime.CheckpointOpts{
 			ImagePath:           c.checkpoint,
 			WorkPath:            work,
 			OpenTCP:             c.dumped.OpenTCP,
 			ExternalUnixSockets: c.dumped.ExternalUnixSockets,
 			Terminal:            c.dumped.Terminal,
 			FileLocks:           c.dumped.FileLocks,
-		})
+		}, limits)
 		if err != nil {
 			return fmt.Errorf("restore from %s: %w", c.checkpoint, keepRestoreLog(c.bundle, work, err))
 		}
@@ -281,6 +289,7 @@ func (s *service) deleteContainer(ctx context.Context, c *container) error {
 	if deleting {
 		return fmt.Errorf("container %s is being deleted: %w", c.id, errdefs.ErrNotFound)
 	}
+	c.cancelRestore(fmt.Errorf("task deleted"))
 	if c.init.status() == statusCreated && c.init.getPid() > 0 {
 		_ = c.engine.Signal(syscall.SIGKILL, false)
 		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -365,15 +374,17 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 
 // Pause freezes the container.
 func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
-	return s.freeze(ctx, r.ID, true)
+	return s.setPaused(ctx, r.ID, true)
 }
 
 // Resume thaws the container.
 func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
-	return s.freeze(ctx, r.ID, false)
+	return s.setPaused(ctx, r.ID, false)
 }
 
-func (s *service) freeze(ctx context.Context, id string, pause bool) (*ptypes.Empty, error) {
+// setPaused pauses or resumes the task's processes (the cgroup freezer): not to be confused with
+// freezing a rootfs layer into a checkpoint (snapshotter/freeze).
+func (s *service) setPaused(ctx context.Context, id string, pause bool) (*ptypes.Empty, error) {
 	c, err := s.get(id)
 	if err != nil {
 		return nil, err
@@ -415,6 +426,10 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 		return nil, err
 	}
 	sig := syscall.Signal(r.Signal)
+	if p.init && c.cancelRestore(fmt.Errorf("task killed (signal %d)", sig)) {
+		// The restore fails and the task ends stopped: nothing else to signal.
+		return empty, nil
+	}
 	if !p.init {
 		err = p.signal(sig)
 	} else {
@@ -483,7 +498,8 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 		if err := c.init.expect("roll back", statusRunning, statusPaused); err != nil {
 			return nil, errgrpc.ToGRPC(err)
 		}
-		if err := s.rollbackInPlace(ctx, c, dir); err != nil {
+		force := r.Annotations[checkpoint.ForceForeignKey] == "true"
+		if err := s.rollbackInPlace(ctx, c, dir, force); err != nil {
 			return nil, errgrpc.ToGRPC(err)
 		}
 		return empty, nil
@@ -535,23 +551,4 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	}
 	s.shutdown.Shutdown()
 	return empty, nil
-}
-
-// Stats returns the container's cgroup metrics (cgroup1 or cgroup2 stats.Metrics).
-func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	c, err := s.get(r.ID)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	cg := c.cgroup
-	c.mu.Unlock()
-	if cg == nil {
-		return nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "cgroup does not exist")
-	}
-	m, err := cg.Metrics()
-	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
-	}
-	return &taskAPI.StatsResponse{Stats: typeurl.MarshalProto(m)}, nil
 }

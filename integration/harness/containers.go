@@ -9,7 +9,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 
-	"github.com/cklite/cklite/pkg/hostcheck"
+	"github.com/cklite/cklite/integration/harness/hostcheck"
 	"github.com/cklite/cklite/pkg/localimage"
 )
 

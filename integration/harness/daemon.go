@@ -17,8 +17,8 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/cklite/cklite/integration/harness/hostcheck"
 	"github.com/cklite/cklite/pkg/config"
-	"github.com/cklite/cklite/pkg/hostcheck"
 	"github.com/cklite/cklite/pkg/localimage"
 	"github.com/cklite/cklite/pkg/paths"
 )

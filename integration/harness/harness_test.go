@@ -28,8 +28,16 @@ func loadStack(t *testing.T) *Stack {
 	return s
 }
 
+// sleeper is the container runBusybox started: its init, named by pid and start time (the kernel
+// reuses pids), so that what the test checks is its own process and nothing else on the machine.
+type sleeper struct {
+	id    string
+	pid   int
+	start string
+}
+
 // runBusybox starts a daemon running one detached busybox container.
-func runBusybox(t *testing.T, s *Stack) (*Daemon, string) {
+func runBusybox(t *testing.T, s *Stack) (*Daemon, sleeper) {
 	t.Helper()
 	ctx := context.Background()
 	img, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
@@ -50,11 +58,24 @@ func runBusybox(t *testing.T, s *Stack) (*Daemon, string) {
 	if len(shimsOf(d.Address)) != 1 {
 		t.Fatalf("want one shim serving %s, found %v", d.Address, shimsOf(d.Address))
 	}
-	return d, id
+	sl := sleeper{id: id}
+	ctr, err := d.Client().LoadContainer(d.Context(ctx), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := ctr.Task(d.Context(ctx), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl.pid = int(task.Pid())
+	if sl.start, err = procStartTime(sl.pid); err != nil {
+		t.Fatalf("container %s's init %d: %v", id, sl.pid, err)
+	}
+	return d, sl
 }
 
 // assertGone checks that nothing of daemon d is left on the machine.
-func assertGone(t *testing.T, d *Daemon, id string) {
+func assertGone(t *testing.T, d *Daemon, sl sleeper) {
 	t.Helper()
 	if _, err := os.Stat(d.Dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("directory %s still there (stat: %v)", d.Dir, err)
@@ -75,28 +96,25 @@ func assertGone(t *testing.T, d *Daemon, id string) {
 	if _, err := os.Stat(filepath.Join(runcRoot, d.Namespace)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("runc state %s still there", filepath.Join(runcRoot, d.Namespace))
 	}
-	for _, pid := range allPids() {
-		if c := cmdline(pid); len(c) > 0 && strings.Contains(strings.Join(c, " "), "sleep 1000") {
-			if st, err := statFields(pid); err == nil && st[0] != "Z" {
-				t.Errorf("container process %d (%v) still running", pid, c)
-			}
-		}
+	// Only this daemon's container: another containerd on the machine may well run a sleep too.
+	if st, err := statFields(sl.pid); err == nil && st[19] == sl.start && st[0] != "Z" {
+		t.Errorf("container %s's process %d (%v) still running", sl.id, sl.pid, cmdline(sl.pid))
 	}
 }
 
 func TestCloseLeavesNothing(t *testing.T) {
-	d, id := runBusybox(t, loadStack(t))
+	d, sl := runBusybox(t, loadStack(t))
 	if err := d.Close(context.Background()); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	assertGone(t, d, id)
+	assertGone(t, d, sl)
 }
 
 // TestSweepAfterKilledRun leaves a daemon as a killed test run would (containerd gone, its shim,
 // container, cgroups and mounts still there, its owner dead) and checks the next run's sweep
 // removes all of it.
 func TestSweepAfterKilledRun(t *testing.T) {
-	d, id := runBusybox(t, loadStack(t))
+	d, sl := runBusybox(t, loadStack(t))
 	if err := d.ctrd.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +132,7 @@ func TestSweepAfterKilledRun(t *testing.T) {
 		t.Fatal("the shim should outlive containerd")
 	}
 	sweepStale(DefaultBaseDir)
-	assertGone(t, d, id)
+	assertGone(t, d, sl)
 }
 
 func TestSocketTaken(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/cklite/cklite/pkg/hostcheck"
+	"github.com/cklite/cklite/integration/harness/hostcheck"
 )
 
 // DefaultPrefix is where contrib/install.sh installs the stack.
