@@ -17,6 +17,12 @@ import (
 func startCRI(t *testing.T) (*harness.Daemon, *harness.CRI) {
 	t.Helper()
 	d := startDaemon(t, harness.Config{CkliteSnapshotter: true})
+	return d, criOf(t, d)
+}
+
+// criOf connects to d's CRI plugin with the busybox image imported.
+func criOf(t *testing.T, d *harness.Daemon) *harness.CRI {
+	t.Helper()
 	ctx := criContext(t)
 	cri, err := d.CRI(ctx)
 	if err != nil {
@@ -26,7 +32,7 @@ func startCRI(t *testing.T) (*harness.Daemon, *harness.CRI) {
 	if err := cri.ImportImage(ctx, busybox); err != nil {
 		t.Fatal(err)
 	}
-	return d, cri
+	return cri
 }
 
 // TestCRIPodLifecycle runs a pod through CRI as the kubelet does, on each runtime handler: run the

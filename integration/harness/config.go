@@ -63,10 +63,7 @@ imports = [%s]
 	if d.SnapshotterAddress != "" {
 		b.WriteString("      snapshotter = 'cklite'\n")
 	}
-	// What contrib/kubernetes/containerd-cri.toml sets: the shim gets it as runtimeoptions.
-	b.WriteString(`      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.cklite.options]
-        SystemdCgroup = false
-`)
+	// No options table, as contrib/kubernetes/containerd-cri.toml: see there why.
 	if d.SnapshotterAddress != "" {
 		// The transfer service (ctr pull, ctr images import) unpacks only into the snapshotters
 		// its unpack_config lists; naming cklite replaces the default list, so overlayfs is

@@ -37,6 +37,12 @@ func newRunDir(prefix string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// Searchable by all, as containerd's own /run/containerd is: the rootfs of a pod in a user
+	// namespace lies below, and its root (an unprivileged host id) must reach it.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
 	if err := writeOwner(dir, "", ""); err != nil {
 		os.RemoveAll(dir)
 		return "", err
