@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -178,7 +179,7 @@ func TestCLICheckpoints(t *testing.T) {
 			}
 			// Everything cklite.json says, host and version included, comes from the lease.
 			g.Created, w.m.Created = time.Time{}, time.Time{}
-			if g.Meta != w.m {
+			if !reflect.DeepEqual(g.Meta, w.m) {
 				t.Fatalf("inspect %s printed\n%+v\n%s says\n%+v", w.m.ID, g.Meta, checkpoint.MetaFile, w.m)
 			}
 			if g.ImagePath != w.dir {
