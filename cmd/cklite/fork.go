@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/fork"
 )
