@@ -41,9 +41,9 @@ type command struct {
 
 var commands = []command{
 	{name: "checkpoint ls", aliases: []string{"checkpoint list"}, summary: "List the namespace's checkpoints as a tree, children under the checkpoint they were taken on.", flags: checkpointListFlags},
-	{name: "checkpoint inspect", args: "ID...", summary: "Print checkpoints as JSON, with the size of their frozen layer. An ID may be any unique prefix.", flags: checkpointInspectFlags},
-	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "ID...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
-	{name: "checkpoint create", args: "CONTAINER", summary: "Checkpoint a container's task: memory and filesystem, or either alone. Prints the checkpoint's id.", flags: checkpointCreateFlags},
+	{name: "checkpoint inspect", args: "CHECKPOINT...", summary: "Print checkpoints as JSON, with the size of their frozen layer. A CHECKPOINT is an id, a name, a unique id prefix or KEY=VALUE.", flags: checkpointInspectFlags},
+	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "CHECKPOINT...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
+	{name: "checkpoint create", args: "CONTAINER", summary: "Checkpoint a container (id, name or unique id prefix): memory and filesystem, or either alone. Prints the checkpoint's id (-q: alone).", flags: checkpointCreateFlags},
 	{name: "checkpoint export", args: "CHECKPOINT|DIR|ARCHIVE", summary: "Make a checkpoint (id, CRIU image directory or CRI checkpoint archive) an OCI image that a cklite container restores from.", flags: checkpointExportFlags},
 	{name: "checkpoint import", args: "FILE", summary: "Import a checkpoint image from an OCI archive (what export -o writes).", flags: checkpointImportFlags},
 	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds).", flags: checkpointPruneFlags},
