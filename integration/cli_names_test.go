@@ -169,3 +169,42 @@ func TestCLINamesAndJSON(t *testing.T) {
 		ckliteMisuse(t, e.d, "exclude each other", "checkpoint", "ls", "-q", "--format", "json")
 	})
 }
+
+// TestCLISnapshotterDown is issue 18 item 8: with cklite-snapshotter stopped, a command that needs
+// it fails with one sentence naming its socket, and checkpoint ls lists the checkpoints with one
+// warning, not one a checkpoint.
+func TestCLISnapshotterDown(t *testing.T) {
+	e := newCkEnv(t)
+	e.startCounter(t, "web")
+	for range 2 {
+		cklite(t, e.d, "checkpoint", "create", "-q", "web")
+	}
+	if err := e.d.StopSnapshotter(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.d.StartSnapshotter(); err != nil {
+			t.Error(err)
+		}
+	})
+	says := "cklite-snapshotter is not reachable at " + e.d.SnapshotterAddress + "; is it running?"
+
+	cmd := e.d.Command(e.ctx, "cklite", "--address", e.d.Address, "-n", e.d.Namespace, "checkpoint", "ls")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("checkpoint ls with the snapshotter down: %v\n%s", err, stderr.String())
+	}
+	t.Logf("checkpoint ls with the snapshotter down:\n%s%s", stdout.String(), stderr.String())
+	if rows := lsRows(t, stdout.String()); len(rows) != 2 {
+		t.Fatalf("checkpoint ls listed %d checkpoints with the snapshotter down, want 2:\n%s", len(rows), stdout.String())
+	}
+	if n := strings.Count(stderr.String(), says); n != 1 || strings.Count(stderr.String(), "\n") != 1 {
+		t.Fatalf("checkpoint ls warned %d times that %q; want one line:\n%s", n, says, stderr.String())
+	}
+
+	out := ckliteFails(t, e.d, says, "checkpoint", "create", "web")
+	if out != "" {
+		t.Fatalf("a failed checkpoint printed %q", out)
+	}
+}

@@ -8,8 +8,9 @@ import (
 )
 
 // dialRE finds the socket a gRPC connection failed to dial in an error's text: containerd passes
-// a proxy plugin's dial error on as text, inside its own.
-var dialRE = regexp.MustCompile(`dial unix ([^:" ]+)`)
+// a proxy plugin's dial error on as text, inside its own ("dial unix:///run/x.sock: timeout" from
+// containerd 2.4's proxy, "dial unix /run/x.sock: connect: ..." from a plain dialer).
+var dialRE = regexp.MustCompile(`dial unix(?: |://)([^:" ]+)`)
 
 // errSnapshotterDown is what a command fails with when containerd cannot reach
 // cklite-snapshotter: the one proxy plugin cklite's commands need besides containerd, whose

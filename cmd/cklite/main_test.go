@@ -184,6 +184,11 @@ func TestExplainSnapshotterDown(t *testing.T) {
 	if !errors.Is(err, raw) {
 		t.Fatalf("explain lost the error it explains")
 	}
+	// As containerd 2.4 passes it on from its proxy snapshotter.
+	proxied := errors.New(`connection error: desc = "transport: Error while dialing: dial unix:///run/ck/snapshotter.sock: timeout"`)
+	if err := explain(proxied, containerd); !strings.HasPrefix(err.Error(), "cklite-snapshotter is not reachable at /run/ck/snapshotter.sock;") {
+		t.Fatalf("explain(%q) = %q", proxied, err)
+	}
 	// containerd's own socket is connect's business: not the snapshotter's.
 	own := errors.New("dial unix " + containerd + ": connect: connection refused")
 	if got := explain(own, containerd); got != own {
