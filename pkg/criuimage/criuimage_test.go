@@ -169,6 +169,12 @@ func TestAdmit(t *testing.T) {
 		{name: "external mount not in the spec", change: func(f *fixture, _ *specs.Spec) {
 			f.mounts = append(goodMounts[:5:5], mnt(15, 10, 0, 8, "/etc/hosts", "/dev/vda1", "/etc/shadow"))
 		}, kind: errdefs.IsPermissionDenied, reason: "external mount \"/etc/shadow\""},
+		{name: "cgroup v1 hierarchy as libcontainer's external mount", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 13, fsCgroup, 63, "/sys/fs/cgroup/systemd", "cgroup", "/sys/fs/cgroup/systemd"))
+		}},
+		{name: "external tmpfs below the cgroup mount", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 13, fsTmpfs, 63, "/sys/fs/cgroup/x", "tmpfs", "/sys/fs/cgroup/x"))
+		}, kind: errdefs.IsPermissionDenied, reason: "external mount \"/sys/fs/cgroup/x\""},
 		{name: "/dev/null over a path the spec does not mask", change: func(f *fixture, _ *specs.Spec) {
 			f.mounts = append(goodMounts, mnt(16, 11, 3, 6, "/proc/sysrq-trigger", "devtmpfs", "/dev/null"))
 		}, kind: errdefs.IsPermissionDenied, reason: "mount /proc/sysrq-trigger"},

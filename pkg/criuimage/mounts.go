@@ -40,19 +40,19 @@ func checkMounts(mounts []Mount, spec *specs.Spec) error {
 	if root == nil || root.Mountpoint != "/" {
 		return fmt.Errorf("the image's mount tree has no root at /")
 	}
-	dests, binds, masked := specMounts(spec)
+	dests, binds, masked, cgroups := specMounts(spec)
 	for _, m := range mounts {
 		if m.ID == root.ID {
 			continue
 		}
-		if err := checkMount(m, root, dests, binds, masked); err != nil {
+		if err := checkMount(m, root, dests, binds, masked, cgroups); err != nil {
 			return fmt.Errorf("mount %s (%s %s): %w", m.Mountpoint, fsName(m), m.Source, err)
 		}
 	}
 	return nil
 }
 
-func checkMount(m Mount, root *Mount, dests, binds, masked map[string]bool) error {
+func checkMount(m Mount, root *Mount, dests, binds, masked, cgroups map[string]bool) error {
 	at := dests[m.Mountpoint]
 	if !at && !under(m.Mountpoint, dests) {
 		return fmt.Errorf("not a mount of the container's spec")
@@ -66,7 +66,10 @@ func checkMount(m Mount, root *Mount, dests, binds, masked map[string]bool) erro
 			key = m.Mountpoint
 		}
 		key = cleanMountpoint(key)
-		if !binds[key] && !(key == "/dev/null" && masked[m.Mountpoint]) {
+		// On cgroup v1 libcontainer mounts each hierarchy below the spec's cgroup mount as an
+		// external bind of the host's cgroup directory, keyed by its destination.
+		cgroupV1 := m.FSType == fsCgroup && under(key, cgroups)
+		if !binds[key] && !(key == "/dev/null" && masked[m.Mountpoint]) && !cgroupV1 {
 			return fmt.Errorf("external mount %q is not a bind mount of the spec", key)
 		}
 		return nil
@@ -81,14 +84,17 @@ func checkMount(m Mount, root *Mount, dests, binds, masked map[string]bool) erro
 }
 
 // specMounts are the destinations where the spec (or libcontainer for it) mounts, those of its
-// bind mounts, and its masked paths.
-func specMounts(spec *specs.Spec) (dests, binds, masked map[string]bool) {
-	dests, binds, masked = map[string]bool{}, map[string]bool{}, map[string]bool{}
+// bind mounts, its masked paths, and those of its cgroup mounts.
+func specMounts(spec *specs.Spec) (dests, binds, masked, cgroups map[string]bool) {
+	dests, binds, masked, cgroups = map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, m := range spec.Mounts {
 		d := cleanMountpoint(m.Destination)
 		dests[d] = true
 		if m.Type == "bind" || hasBind(m.Options) {
 			binds[d] = true
+		}
+		if m.Type == "cgroup" {
+			cgroups[d] = true
 		}
 	}
 	for _, d := range runtimeMounts {
@@ -103,7 +109,7 @@ func specMounts(spec *specs.Spec) (dests, binds, masked map[string]bool) {
 			dests[cleanMountpoint(p)] = true
 		}
 	}
-	return dests, binds, masked
+	return dests, binds, masked, cgroups
 }
 
 func hasBind(opts []string) bool {
