@@ -67,7 +67,7 @@ func TestCLICreate(t *testing.T) {
 		})
 	}
 
-	ckliteFails(t, e.d, "exclude each other", "checkpoint", "create", "--fs-only", "--memory-only", c.ID())
+	ckliteMisuse(t, e.d, "exclude each other", "checkpoint", "create", "--fs-only", "--memory-only", c.ID())
 	ckliteFails(t, e.d, "no-such-container", "checkpoint", "create", "no-such-container")
 
 	t.Run("--exit", func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -37,9 +38,20 @@ func cklite(t *testing.T, d *harness.Daemon, args ...string) string {
 	return out
 }
 
-// ckliteFails runs the cklite CLI against d, expecting it to exit with status 1 and an error
-// message naming want; it returns what cklite printed on stdout.
+// ckliteFails runs the cklite CLI against d, expecting it to exit with status 1 (failed) and an
+// error message naming want; it returns what cklite printed on stdout.
 func ckliteFails(t *testing.T, d *harness.Daemon, want string, args ...string) string {
+	t.Helper()
+	return ckliteExits(t, d, 1, want, args...)
+}
+
+// ckliteMisuse is ckliteFails for a wrong command line: exit status 2.
+func ckliteMisuse(t *testing.T, d *harness.Daemon, want string, args ...string) string {
+	t.Helper()
+	return ckliteExits(t, d, 2, want, args...)
+}
+
+func ckliteExits(t *testing.T, d *harness.Daemon, code int, want string, args ...string) string {
 	t.Helper()
 	out, err := d.Cklite(context.Background(), args...)
 	var exit *exec.ExitError
@@ -48,8 +60,8 @@ func ckliteFails(t *testing.T, d *harness.Daemon, want string, args ...string) s
 		t.Fatalf("cklite %s succeeded, printing %q; want it to fail naming %q", strings.Join(args, " "), out, want)
 	case !errors.As(err, &exit):
 		t.Fatalf("cklite %s did not run: %v", strings.Join(args, " "), err)
-	case exit.ExitCode() != 1:
-		t.Fatalf("cklite %s exited with %d, want 1: %v", strings.Join(args, " "), exit.ExitCode(), err)
+	case exit.ExitCode() != code:
+		t.Fatalf("cklite %s exited with %d, want %d: %v", strings.Join(args, " "), exit.ExitCode(), code, err)
 	case !strings.Contains(err.Error(), want):
 		t.Fatalf("cklite %s failed without naming %q: %v", strings.Join(args, " "), want, err)
 	}
@@ -178,7 +190,7 @@ func TestCLICheckpoints(t *testing.T) {
 			}
 			// Everything cklite.json says, host and version included, comes from the lease.
 			g.Created, w.m.Created = time.Time{}, time.Time{}
-			if g.Meta != w.m {
+			if !reflect.DeepEqual(g.Meta, w.m) {
 				t.Fatalf("inspect %s printed\n%+v\n%s says\n%+v", w.m.ID, g.Meta, checkpoint.MetaFile, w.m)
 			}
 			if g.ImagePath != w.dir {
@@ -200,15 +212,16 @@ func TestCLICheckpoints(t *testing.T) {
 			args       []string
 			want       string
 			wantStdout string // checkpoints an unknown id did not stop
+			exit       int    // 2: a wrong command line
 		}{
-			{"inspect", []string{"checkpoint", "inspect", "zzzzzz"}, `no checkpoint "zzzzzz"`, ""},
-			{"inspect a known and an unknown", []string{"checkpoint", "inspect", "zzzzzz", a.ID}, "1 of 2 checkpoints failed", a.ID},
-			{"rm", []string{"checkpoint", "rm", "--gc", "zzzzzz"}, `no checkpoint "zzzzzz"`, ""},
-			{"rm without an id", []string{"checkpoint", "rm"}, "no checkpoint id given", ""},
-			{"fork", []string{"fork", "zzzzzz"}, `no checkpoint "zzzzzz"`, ""},
+			{"inspect", []string{"checkpoint", "inspect", "zzzzzz"}, `no checkpoint "zzzzzz"`, "", 1},
+			{"inspect a known and an unknown", []string{"checkpoint", "inspect", "zzzzzz", a.ID}, "1 of 2 checkpoints failed", a.ID, 1},
+			{"rm", []string{"checkpoint", "rm", "--gc", "zzzzzz"}, `no checkpoint "zzzzzz"`, "", 1},
+			{"rm without an id", []string{"checkpoint", "rm"}, "no checkpoint id given", "", 2},
+			{"fork", []string{"fork", "zzzzzz"}, `no checkpoint "zzzzzz"`, "", 1},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				out := ckliteFails(t, e.d, tc.want, tc.args...)
+				out := ckliteExits(t, e.d, tc.exit, tc.want, tc.args...)
 				if (tc.wantStdout == "") != (out == "") || !strings.Contains(out, tc.wantStdout) {
 					t.Fatalf("printed %q, want %q", out, tc.wantStdout)
 				}
@@ -390,7 +403,7 @@ func TestCLIFork(t *testing.T) {
 			want string
 		}{
 			{"names taken", []string{"fork", "-n", "4", m.ID}, "container web-fork-1 already exists"},
-			{"no forks", []string{"fork", "-n", "0", m.ID}, "-n 0: want at least one fork"},
+
 			{"a name containerd refuses", []string{"fork", "--prefix", "no/slash", m.ID}, "fork name from prefix"},
 			{"a directory without cklite.json", []string{"fork", "--image-path", e.d.Dir, m.ID}, "not a cklite checkpoint"},
 			{"another checkpoint's images", []string{"fork", "--image-path", childDir, m.ID}, "holds checkpoint"},
@@ -405,6 +418,12 @@ func TestCLIFork(t *testing.T) {
 					t.Fatalf("containers %v after a refused fork, %v before", after, before)
 				}
 			})
+		}
+	})
+
+	t.Run("no forks", func(t *testing.T) {
+		if out := ckliteMisuse(t, e.d, "-n 0: want at least one fork", "fork", "-n", "0", m.ID); out != "" {
+			t.Fatalf("printed %q before refusing", out)
 		}
 	})
 

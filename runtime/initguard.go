@@ -107,10 +107,7 @@ func checkNamespaces(want configs.Namespaces, paths map[configs.NamespaceType]st
 		if exp := ns.GetPath(pid); path != exp {
 			return fmt.Errorf("%s namespace %s is not init %d's (%s): %w", ns.Type, path, pid, exp, errdefs.ErrFailedPrecondition)
 		}
-		// A namespace given by path is the runtime's choice, except a restore's new one held by a
-		// file of the shim (/proc/SHIM/fd/N, WithNetNS), closed once the restored init holds it:
-		// that one is the init's own, checked as such.
-		if ns.Path != "" && !heldByShim(ns.Path) {
+		if ns.Path != "" {
 			continue
 		}
 		same, err := sameFile(path, fmt.Sprintf("/proc/self/ns/%s", configs.NsName(ns.Type)))

@@ -142,6 +142,12 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			FileLocks:           ck.opts.FileLocks,
 		},
 	}
+	if meta.Name, err = checkpoint.RequestedName(rs.labels); err != nil {
+		return err
+	}
+	if meta.Labels, err = checkpoint.RequestedLabels(rs.labels); err != nil {
+		return err
+	}
 	ttl, err := checkpointTTL(ck.s.config, c.spec.Annotations, rs.labels)
 	if err != nil {
 		return err

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -21,53 +23,132 @@ import (
 )
 
 func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
-	quiet := fs.Bool("quiet", false, "print only the ids, oldest first")
-	fs.BoolVar(quiet, "q", false, "short for --quiet")
-	format := fs.String("format", "table", "`FORMAT`: table (a tree) or json (the checkpoints, oldest first)")
+	out := outputFlags(fs, "the ids, oldest first")
+	container := fs.String("container", "", "only the checkpoints of container `REF` (id, name or id prefix; also of a container that is gone, by id prefix)")
+	var labels labelList
+	fs.Var(&labels, "label", "only the checkpoints with label `KEY=VALUE` (repeatable: all of them)")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) > 0 {
-			return fmt.Errorf("checkpoint ls takes no arguments, got %q: %w", args, errdefs.ErrInvalidArgument)
+			return usageError("checkpoint ls takes no arguments, got %q", args)
 		}
-		if *format != "table" && *format != "json" {
-			return fmt.Errorf("format %q: want table or json: %w", *format, errdefs.ErrInvalidArgument)
+		if err := out.check(); err != nil {
+			return err
 		}
 		ctrd, ctx, records, err := cli.checkpoints(ctx)
 		if err != nil {
 			return err
 		}
 		defer ctrd.Close()
+		if records, err = filterRecords(ctx, ctrd, records, *container, labels.m); err != nil {
+			return err
+		}
 		switch {
-		case *quiet:
+		case out.quiet:
 			for _, r := range records {
 				fmt.Fprintln(cli.stdout, r.ID)
 			}
 			return nil
-		case *format == "json":
+		case out.json():
+			v := newViewer(ctx, ctrd, cli)
 			views := make([]checkpointView, 0, len(records))
 			for _, r := range records {
-				views = append(views, viewOf(ctx, ctrd, r))
+				views = append(views, v.view(r))
 			}
 			return printJSON(cli.stdout, views)
 		}
-		fsColumn := func(r checkpoint.Record) string { return fsSize(viewOf(ctx, ctrd, r)) }
+		v := newViewer(ctx, ctrd, cli)
+		fsColumn := func(r checkpoint.Record) string { return fsSize(v.view(r)) }
 		return writeTree(cli.stdout, checkpoint.NewTree(records), fsColumn, time.Now())
 	}
 }
 
+// filterRecords keeps the records of container ref (if not "") that carry labels.
+func filterRecords(ctx context.Context, ctrd *client.Client, records []checkpoint.Record, ref string, labels map[string]string) ([]checkpoint.Record, error) {
+	id := ""
+	if ref != "" {
+		c, err := resolveContainer(ctx, ctrd, ref)
+		switch {
+		case err == nil:
+			id = c.ID()
+		case errdefs.IsNotFound(err):
+			// A container that is gone: its checkpoints still name it.
+			if id, err = gonePrefix(records, ref); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, err
+		}
+	}
+	var out []checkpoint.Record
+	for _, r := range records {
+		if (id == "" || r.Container == id) && r.HasLabels(labels) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// gonePrefix is the one container id among records' that starts with ref.
+func gonePrefix(records []checkpoint.Record, ref string) (string, error) {
+	ids := map[string]bool{}
+	for _, r := range records {
+		if strings.HasPrefix(r.Container, ref) {
+			ids[r.Container] = true
+		}
+	}
+	switch len(ids) {
+	case 0:
+		return "", fmt.Errorf("no container %q, and no checkpoint of a container whose id starts with it: %w", ref, errdefs.ErrNotFound)
+	case 1:
+		for id := range ids {
+			return id, nil
+		}
+	}
+	return "", fmt.Errorf("container id prefix %q is ambiguous: checkpoints of %s: %w", ref, strings.Join(slices.Sorted(maps.Keys(ids)), ", "), errdefs.ErrInvalidArgument)
+}
+
+// labelList is a repeatable KEY=VALUE flag.
+type labelList struct{ m map[string]string }
+
+func (l *labelList) String() string { return fmt.Sprint(l.m) }
+func (l *labelList) Set(kv string) error {
+	k, v, err := checkpoint.ParseLabel(kv)
+	if err != nil {
+		return err
+	}
+	if l.m == nil {
+		l.m = map[string]string{}
+	}
+	l.m[k] = v
+	return nil
+}
+
 func checkpointInspectFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+	out := outputFlags(fs, "the full ids")
 	return func(ctx context.Context, cli *cli, args []string) error {
+		if out.format == "table" {
+			out.format = "json" // inspect's table is JSON
+		}
+		if err := out.check(); err != nil {
+			return err
+		}
 		ctrd, ctx, tree, err := cli.checkpointsFor(ctx, args)
 		if err != nil {
 			return err
 		}
 		defer ctrd.Close()
+		v := newViewer(ctx, ctrd, cli)
 		var views []checkpointView
 		err = eachCheckpoint(cli, tree, args, func(n *checkpoint.Node) error {
-			views = append(views, viewOf(ctx, ctrd, n.Record))
+			views = append(views, v.view(n.Record))
 			return nil
 		})
 		if len(views) > 0 {
-			if perr := printJSON(cli.stdout, views); perr != nil {
+			if out.quiet {
+				for _, v := range views {
+					fmt.Fprintln(cli.stdout, v.ID)
+				}
+			} else if perr := printJSON(cli.stdout, views); perr != nil {
 				return perr
 			}
 		}
@@ -78,7 +159,11 @@ func checkpointInspectFlags(fs *flag.FlagSet) func(context.Context, *cli, []stri
 func checkpointRemoveFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	gc := fs.Bool("gc", false, "collect garbage before returning, so that the layers nothing else uses are freed now")
 	image := fs.Bool("image", false, "also remove the checkpoint's image directory (only if its cklite.json still names the checkpoint)")
+	out := outputFlags(fs, "the ids removed (the default)")
 	return func(ctx context.Context, cli *cli, args []string) error {
+		if err := out.check(); err != nil {
+			return err
+		}
 		ctrd, ctx, tree, err := cli.checkpointsFor(ctx, args)
 		if err != nil {
 			return err
@@ -88,18 +173,28 @@ func checkpointRemoveFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if *gc {
 			opts = append(opts, leases.SynchronousDelete)
 		}
-		return eachCheckpoint(cli, tree, args, func(n *checkpoint.Node) error {
+		removed := []checkpointView{}
+		err = eachCheckpoint(cli, tree, args, func(n *checkpoint.Node) error {
 			if err := ctrd.LeasesService().Delete(ctx, leases.Lease{ID: checkpoint.LeaseID(n.ID)}, opts...); err != nil {
 				return fmt.Errorf("delete lease: %w", err)
 			}
+			removed = append(removed, checkpointView{Meta: n.Meta, ImagePath: n.ImagePath})
 			if *image {
 				if err := removeImageDir(n.Record); err != nil {
 					return fmt.Errorf("checkpoint removed, but not its image directory: %w", err)
 				}
 			}
-			fmt.Fprintln(cli.stdout, n.ID)
+			if !out.json() {
+				fmt.Fprintln(cli.stdout, n.ID)
+			}
 			return nil
 		})
+		if out.json() {
+			if perr := printJSON(cli.stdout, removed); perr != nil {
+				return perr
+			}
+		}
+		return err
 	}
 }
 
@@ -120,7 +215,7 @@ func (c *cli) checkpoints(ctx context.Context) (*client.Client, context.Context,
 // checkpointsFor is checkpoints as a tree, for commands that take checkpoint ids.
 func (c *cli) checkpointsFor(ctx context.Context, ids []string) (*client.Client, context.Context, *checkpoint.Tree, error) {
 	if len(ids) == 0 {
-		return nil, nil, nil, fmt.Errorf("no checkpoint id given: %w", errdefs.ErrInvalidArgument)
+		return nil, nil, nil, usageError("no checkpoint id given")
 	}
 	ctrd, ctx, records, err := c.checkpoints(ctx)
 	if err != nil {
@@ -185,10 +280,23 @@ type fsUsage struct {
 	Inodes int64 `json:"inodes"`
 }
 
-// viewOf asks the snapshotter for the usage of r's frozen layer: its own files only, not its
+// viewer makes checkpointViews, asking the snapshotter for the usage of each frozen layer. When
+// cklite-snapshotter is down it says so once (on stderr) and asks no more.
+type viewer struct {
+	ctx  context.Context
+	ctrd *client.Client
+	cli  *cli
+	down bool
+}
+
+func newViewer(ctx context.Context, ctrd *client.Client, cli *cli) *viewer {
+	return &viewer{ctx: ctx, ctrd: ctrd, cli: cli}
+}
+
+// view asks the snapshotter for the usage of r's frozen layer: its own files only, not its
 // parents'. The cklite snapshotter computes it once per layer and caches it. A failure is logged
 // and leaves Filesystem unset.
-func viewOf(ctx context.Context, ctrd *client.Client, r checkpoint.Record) checkpointView {
+func (vw *viewer) view(r checkpoint.Record) checkpointView {
 	v := checkpointView{Meta: r.Meta, ImagePath: r.ImagePath}
 	if r.ImagePath != "" {
 		// The image directory's cklite.json is the whole record (the lease's labels leave out
@@ -197,12 +305,17 @@ func viewOf(ctx context.Context, ctrd *client.Client, r checkpoint.Record) check
 			v.Meta = m
 		}
 	}
-	if !r.Contents.HasFS() || r.Frozen == "" {
+	if !r.Contents.HasFS() || r.Frozen == "" || vw.down {
 		return v
 	}
-	u, err := ctrd.SnapshotService(r.Snapshotter).Usage(ctx, r.Frozen)
+	u, err := vw.ctrd.SnapshotService(r.Snapshotter).Usage(vw.ctx, r.Frozen)
+	if down, ok := snapshotterDown(err, vw.cli.address); ok {
+		vw.down = true
+		fmt.Fprintf(vw.cli.stderr, "cklite: warning: %v: sizes of frozen layers unknown\n", down)
+		return v
+	}
 	if err != nil {
-		log.G(ctx).WithError(err).WithField("checkpoint", r.ID).Warn("usage of the frozen layer")
+		log.G(vw.ctx).WithError(err).WithField("checkpoint", r.ID).Warn("usage of the frozen layer")
 		return v
 	}
 	v.Filesystem = &fsUsage{Bytes: u.Size, Inodes: u.Inodes}
@@ -256,10 +369,4 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
@@ -28,15 +27,27 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 	ttl := fs.Duration("ttl", 0, "remove the checkpoint after `DURATION` (default: the container's cklite.io/checkpoint-ttl, else the shim's default)")
 	tcp := fs.Bool("tcp", false, "checkpoint established TCP connections (CRIU's tcp-established)")
 	fileLocks := fs.Bool("file-locks", false, "checkpoint file locks")
+	name := fs.String("name", "", "name the checkpoint `NAME`, unique among the container's checkpoints; usable wherever its id is")
+	var labels labelList
+	fs.Var(&labels, "label", "label the checkpoint `KEY=VALUE` (repeatable; checkpoint ls --label selects by them)")
+	out := outputFlags(fs, "the checkpoint's id")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) != 1 {
-			return fmt.Errorf("want one CONTAINER: %w", errdefs.ErrInvalidArgument)
+			return usageError("want one CONTAINER")
 		}
 		if *fsOnly && *memoryOnly {
-			return fmt.Errorf("--fs-only and --memory-only exclude each other: %w", errdefs.ErrInvalidArgument)
+			return usageError("--fs-only and --memory-only exclude each other")
 		}
 		if *ttl < 0 {
-			return fmt.Errorf("--ttl %v: want a positive duration: %w", *ttl, errdefs.ErrInvalidArgument)
+			return usageError("--ttl %v: want a positive duration", *ttl)
+		}
+		if *name != "" {
+			if err := checkpoint.ValidateName(*name); err != nil {
+				return usageErr{err}
+			}
+		}
+		if err := out.check(); err != nil {
+			return err
 		}
 		ctrd, ctx, err := cli.connect(ctx)
 		if err != nil {
@@ -75,13 +86,22 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if *ttl > 0 {
 			request[checkpoint.TTLKey] = ttl.String()
 		}
+		if *name != "" {
+			if err := nameFree(ctx, ctrd, cli.namespace, c.ID(), *name); err != nil {
+				return err
+			}
+			request[checkpoint.NameKey] = *name
+		}
+		if len(labels.m) > 0 {
+			request[checkpoint.LabelsKey] = checkpoint.EncodeLabels(labels.m)
+		}
 		restore, err := setLabelsFor(ctx, c, request)
 		if err != nil {
 			return err
 		}
 		defer restore()
 
-		fmt.Fprintf(cli.stdout, "checkpointing %s into %s\n", c.ID(), dir)
+		fmt.Fprintf(progressTo(cli.stderr), "checkpointing %s into %s\n", c.ID(), dir)
 		start := time.Now()
 		opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{Exit: *exit, OpenTcp: *tcp, FileLocks: *fileLocks, ImagePath: dir})
 		if err != nil {
@@ -97,18 +117,48 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if err != nil {
 			return fmt.Errorf("checkpoint of %s taken, but: %w (is its runtime io.containerd.cklite.v2?)", c.ID(), err)
 		}
-		fmt.Fprintf(cli.stdout, "checkpoint %s (%s) of %s in %s\n", m.ID, m.Contents, c.ID(), took.Round(time.Millisecond))
+		switch {
+		case out.quiet:
+			out.ids(cli.stdout, m.ID)
+		case out.json():
+			v := newViewer(ctx, ctrd, cli).view(checkpoint.Record{Meta: m, ImagePath: dir})
+			return printJSON(cli.stdout, createdView{checkpointView: v, TookMs: took.Milliseconds()})
+		default:
+			fmt.Fprintf(cli.stdout, "checkpoint %s (%s) of %s in %s\n", m.ID, m.Contents, c.ID(), took.Round(time.Millisecond))
+		}
 		return nil
 	}
 }
 
-// ckliteContainer loads container id and refuses it, before anything is asked of its task, unless
-// it runs on cklite's runtime.
-func ckliteContainer(ctx context.Context, ctrd *client.Client, id string) (client.Container, error) {
-	c, err := lookupContainer(ctx, ctrd, id)
+// createdView is what checkpoint create --format json prints: the checkpoint, as inspect prints
+// it, and how long it took.
+type createdView struct {
+	checkpointView
+	TookMs int64 `json:"tookMs"`
+}
+
+// nameFree refuses name when another checkpoint of container id has it.
+func nameFree(ctx context.Context, ctrd *client.Client, namespace, id, name string) error {
+	records, err := checkpoint.List(ctx, ctrd.LeasesService(), namespace)
+	if err != nil {
+		return err
+	}
+	for _, r := range records {
+		if r.Container == id && r.Name == name {
+			return fmt.Errorf("container %s has a checkpoint named %s already (%s): %w", id, name, r.ID, errdefs.ErrAlreadyExists)
+		}
+	}
+	return nil
+}
+
+// ckliteContainer loads the container ref names (id, nerdctl name or unique id prefix) and refuses
+// it, before anything is asked of its task, unless it runs on cklite's runtime.
+func ckliteContainer(ctx context.Context, ctrd *client.Client, ref string) (client.Container, error) {
+	c, err := resolveContainer(ctx, ctrd, ref)
 	if err != nil {
 		return nil, err
 	}
+	id := c.ID()
 	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", id, err)
@@ -122,32 +172,6 @@ func ckliteContainer(ctx context.Context, ctrd *client.Client, id string) (clien
 		return nil, err
 	}
 	return c, nil
-}
-
-// lookupContainer finds a container as nerdctl does: by id, else by its nerdctl name (a fork's
-// name included), else by a unique id prefix.
-func lookupContainer(ctx context.Context, ctrd *client.Client, ref string) (client.Container, error) {
-	c, err := ctrd.LoadContainer(ctx, ref)
-	if err == nil || !errdefs.IsNotFound(err) {
-		if err != nil {
-			return nil, fmt.Errorf("container %s: %w", ref, err)
-		}
-		return c, nil
-	}
-	for _, filter := range []string{fmt.Sprintf("labels.%q==%q", "nerdctl/name", ref), fmt.Sprintf("id~=^%s", regexp.QuoteMeta(ref))} {
-		cs, err := ctrd.Containers(ctx, filter)
-		if err != nil {
-			return nil, fmt.Errorf("container %s: %w", ref, err)
-		}
-		switch len(cs) {
-		case 0:
-			continue
-		case 1:
-			return cs[0], nil
-		}
-		return nil, fmt.Errorf("container %s: %d containers match; give more of the id: %w", ref, len(cs), errdefs.ErrInvalidArgument)
-	}
-	return nil, fmt.Errorf("container %s: no container has this id, name or id prefix: %w", ref, errdefs.ErrNotFound)
 }
 
 // shimBinary is the path of the binary of the shim running c's task, or "" when that cannot be

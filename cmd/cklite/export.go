@@ -26,15 +26,19 @@ import (
 
 func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	ref := fs.String("ref", "", "`REF`: name of the checkpoint image in containerd (push it with nerdctl push or ctr images push)")
-	out := fs.String("o", "", "`FILE`: also write the image as an OCI archive (cklite checkpoint import, ctr images import)")
+	archiveTo := fs.String("o", "", "`FILE`: also write the image as an OCI archive (cklite checkpoint import, ctr images import)")
 	compression := fs.String("compression", "zstd", "`KIND` of the delta layers: zstd (fast), gzip (any client) or none")
 	base := fs.String("base", "", "`IMAGE` the checkpointed container ran; default: the container's image, or the archive's")
+	out := outputFlags(fs, "the image's name")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) != 1 {
-			return fmt.Errorf("checkpoint export takes one checkpoint (id, image directory or CRI archive), got %q: %w", args, errdefs.ErrInvalidArgument)
+			return usageError("checkpoint export takes one checkpoint (id, name, image directory or CRI archive), got %q", args)
 		}
 		if *ref == "" {
-			return fmt.Errorf("--ref names the image to write: %w", errdefs.ErrInvalidArgument)
+			return usageError("--ref names the image to write")
+		}
+		if err := out.check(); err != nil {
+			return err
 		}
 		mediaType, err := export.LayerMediaType(*compression)
 		if err != nil {
@@ -50,7 +54,8 @@ func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 			return err
 		}
 		defer done(context.WithoutCancel(ctx)) //nolint:errcheck
-		e := &exporter{ctrd: ctrd, namespace: cli.namespace, progress: cli.stderr, base: *base, mediaType: mediaType}
+		progress := progressTo(cli.stderr)
+		e := &exporter{ctrd: ctrd, namespace: cli.namespace, progress: progress, base: *base, mediaType: mediaType}
 		src, err := e.source(ctx, args[0])
 		if err != nil {
 			return err
@@ -61,15 +66,32 @@ func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(cli.stderr, "image %s: %s (%.1fs)\n", img.Name, img.Target.Digest, time.Since(start).Seconds())
-		if *out != "" {
-			if err := exportArchive(ctx, ctrd, img.Name, *out, cli.stderr); err != nil {
+		fmt.Fprintf(progress, "image %s: %s (%.1fs)\n", img.Name, img.Target.Digest, time.Since(start).Seconds())
+		res := exported{Image: img.Name, Digest: img.Target.Digest.String(), Checkpoint: src.meta.ID, CheckpointName: src.meta.Name}
+		if *archiveTo != "" {
+			if res.ArchiveBytes, err = exportArchive(ctx, ctrd, img.Name, *archiveTo, progress); err != nil {
 				return err
 			}
+			res.Archive = *archiveTo
+		}
+		res.TookMs = time.Since(start).Milliseconds()
+		if out.json() {
+			return printJSON(cli.stdout, res)
 		}
 		fmt.Fprintln(cli.stdout, img.Name)
 		return nil
 	}
+}
+
+// exported is what checkpoint export --format json prints.
+type exported struct {
+	Image          string `json:"image"`
+	Digest         string `json:"digest"`
+	Checkpoint     string `json:"checkpoint"`
+	CheckpointName string `json:"checkpointName,omitempty"`
+	Archive        string `json:"archive,omitempty"`
+	ArchiveBytes   int64  `json:"archiveBytes,omitempty"`
+	TookMs         int64  `json:"tookMs"`
 }
 
 // exporter makes checkpoint images in one containerd namespace.
@@ -257,12 +279,12 @@ func (e *exporter) chain(ctx context.Context, sn snapshots.Snapshotter, meta che
 	return export.Chain(ctx, sn, meta.Frozen)
 }
 
-// exportArchive writes image name as an OCI archive to path.
-func exportArchive(ctx context.Context, ctrd *client.Client, name, path string, progress io.Writer) error {
+// exportArchive writes image name as an OCI archive to path and returns its size.
+func exportArchive(ctx context.Context, ctrd *client.Client, name, path string, progress io.Writer) (int64, error) {
 	start := time.Now()
 	f, err := os.Create(path)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	err = ctrd.Export(ctx, f, archive.WithImage(ctrd.ImageService(), name), archive.WithPlatform(platforms.DefaultStrict()))
 	if cerr := f.Close(); err == nil {
@@ -270,12 +292,12 @@ func exportArchive(ctx context.Context, ctrd *client.Client, name, path string, 
 	}
 	if err != nil {
 		os.Remove(path)
-		return fmt.Errorf("export %s to %s: %w", name, path, err)
+		return 0, fmt.Errorf("export %s to %s: %w", name, path, err)
 	}
 	info, err := os.Stat(path)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	fmt.Fprintf(progress, "archive %s: %d bytes (%.1fs)\n", path, info.Size(), time.Since(start).Seconds())
-	return nil
+	return info.Size(), nil
 }

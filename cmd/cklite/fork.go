@@ -4,12 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/fork"
@@ -23,16 +22,20 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	fs.StringVar(&opts.LogDir, "log-dir", "", "write each fork's stdout and stderr to `DIR`/ID.log (default: discard them)")
 	fs.IntVar(&opts.Parallel, "parallel", 4, "start up to `N` forks at once")
 	fs.BoolVar(&opts.CleanupOnError, "cleanup-on-error", false, "if a fork fails, remove the forks started (by default they stay; a failed fork never stops the others)")
+	out := outputFlags(fs, "the ids of the forks running")
 	fs.BoolVar(&opts.Network, "network", false, "give each fork the checkpointed container's networks, with an address of its own, as nerdctl gives a new container (default: loopback only; needs a container nerdctl made)")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) > 1 || (len(args) == 0 && *imagePath == "") {
-			return fmt.Errorf("want one CHECKPOINT, or --image-path: %w", errdefs.ErrInvalidArgument)
+			return usageError("want one CHECKPOINT, or --image-path")
 		}
 		if opts.Count < 1 {
-			return fmt.Errorf("-n %d: want at least one fork: %w", opts.Count, errdefs.ErrInvalidArgument)
+			return usageError("-n %d: want at least one fork", opts.Count)
 		}
 		if opts.Parallel < 1 {
-			return fmt.Errorf("--parallel %d: want at least one: %w", opts.Parallel, errdefs.ErrInvalidArgument)
+			return usageError("--parallel %d: want at least one", opts.Parallel)
+		}
+		if err := out.check(); err != nil {
+			return err
 		}
 		if opts.LogDir != "" {
 			dir, err := filepath.Abs(opts.LogDir)
@@ -54,15 +57,22 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			return err
 		}
 
-		fmt.Fprintf(cli.stdout, "forking checkpoint %s into %s (images in %s)\n", src.Checkpoint.ID, forks(opts.Count), src.ImageDir)
+		human := cli.stdout
+		if !out.human() {
+			human = io.Discard
+		}
+		fmt.Fprintf(human, "forking checkpoint %s into %s (images in %s)\n", src.Checkpoint.ID, forks(opts.Count), src.ImageDir)
 		opts.Progress = func(f fork.Fork, err error) {
 			if err != nil {
-				fmt.Fprintf(cli.stdout, "  %s failed: %v\n", f.Name, err)
+				fmt.Fprintf(human, "  %s failed: %v\n", f.Name, err)
 				return
 			}
-			fmt.Fprintf(cli.stdout, "  %s (%s) running, restored in %s\n", f.Name, f.ID[:12], f.Took.Round(time.Millisecond))
+			fmt.Fprintf(human, "  %s (%s) running, restored in %s\n", f.Name, f.ID[:12], f.Took.Round(time.Millisecond))
 		}
 		rep, err := fork.Run(ctx, ctrd, src, opts)
+		if perr := printForks(cli, out, src.Checkpoint, rep); perr != nil {
+			return perr
+		}
 		if err != nil {
 			if len(rep.Failed) > 0 {
 				fmt.Fprintf(cli.stderr, "%s of %d failed: %s\n", forks(len(rep.Failed)), opts.Count, strings.Join(rep.Failed, " "))
@@ -76,7 +86,7 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			}
 			return err
 		}
-		fmt.Fprintf(cli.stdout, "%s running in %s (%s each on average)\n",
+		fmt.Fprintf(human, "%s running in %s (%s each on average)\n",
 			forks(len(rep.Forks)), rep.Took.Round(time.Millisecond), (rep.Took / time.Duration(len(rep.Forks))).Round(time.Millisecond))
 		return nil
 	}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 
 	"github.com/cklite/cklite/pkg/localimage"
@@ -28,33 +27,52 @@ var buildableImages = map[string]func(ctx context.Context, cacheDir string, prog
 
 func imageBuildFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	snapshotter := fs.String("snapshotter", envOr("CONTAINERD_SNAPSHOTTER", "cklite"), "unpack into `NAME`, so that the first container starts without unpacking (env CONTAINERD_SNAPSHOTTER); \"\" for none")
+	out := outputFlags(fs, "the images' names (the default)")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		names := slices.Sorted(maps.Keys(buildableImages))
 		if len(args) == 0 {
-			return fmt.Errorf("name an image to build: %s: %w", strings.Join(names, ", "), errdefs.ErrInvalidArgument)
+			return usageError("name an image to build: %s", strings.Join(names, ", "))
 		}
 		for _, a := range args {
 			if buildableImages[a] == nil {
-				return fmt.Errorf("no image %q to build: want %s: %w", a, strings.Join(names, ", "), errdefs.ErrInvalidArgument)
+				return usageError("no image %q to build: want %s", a, strings.Join(names, ", "))
 			}
 		}
+		if err := out.check(); err != nil {
+			return err
+		}
+		progress := progressTo(cli.stderr)
+		built := []builtImage{}
 		ctrd, ctx, err := cli.connect(ctx)
 		if err != nil {
 			return err
 		}
 		defer ctrd.Close()
 		for _, a := range args {
-			img, err := buildableImages[a](ctx, localimage.CacheDir(), cli.stderr)
+			img, err := buildableImages[a](ctx, localimage.CacheDir(), progress)
 			if err != nil {
 				return err
 			}
-			if err := importImage(ctx, ctrd, img, *snapshotter, cli.stderr); err != nil {
+			if err := importImage(ctx, ctrd, img, *snapshotter, progress); err != nil {
 				return err
 			}
-			fmt.Fprintln(cli.stdout, img.Name)
+			if !out.json() {
+				fmt.Fprintln(cli.stdout, img.Name)
+			}
+			built = append(built, builtImage{Image: img.Name, Archive: img.Archive, Snapshotter: *snapshotter})
+		}
+		if out.json() {
+			return printJSON(cli.stdout, built)
 		}
 		return nil
 	}
+}
+
+// builtImage is one image as image build --format json prints it.
+type builtImage struct {
+	Image       string `json:"image"`
+	Archive     string `json:"archive"`               // the OCI archive it was imported from (cached)
+	Snapshotter string `json:"snapshotter,omitempty"` // unpacked into it
 }
 
 // importImage imports img's archive into containerd and unpacks it into snapshotter.

@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 )
 
@@ -40,9 +41,9 @@ type command struct {
 
 var commands = []command{
 	{name: "checkpoint ls", aliases: []string{"checkpoint list"}, summary: "List the namespace's checkpoints as a tree, children under the checkpoint they were taken on.", flags: checkpointListFlags},
-	{name: "checkpoint inspect", args: "ID...", summary: "Print checkpoints as JSON, with the size of their frozen layer. An ID may be any unique prefix.", flags: checkpointInspectFlags},
-	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "ID...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
-	{name: "checkpoint create", args: "CONTAINER", summary: "Checkpoint a container's task: memory and filesystem, or either alone. Prints the checkpoint's id.", flags: checkpointCreateFlags},
+	{name: "checkpoint inspect", args: "CHECKPOINT...", summary: "Print checkpoints as JSON, with the size of their frozen layer. A CHECKPOINT is an id, a name, a unique id prefix or KEY=VALUE.", flags: checkpointInspectFlags},
+	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "CHECKPOINT...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
+	{name: "checkpoint create", args: "CONTAINER", summary: "Checkpoint a container (id, name or unique id prefix): memory and filesystem, or either alone. Prints the checkpoint's id (-q: alone).", flags: checkpointCreateFlags},
 	{name: "checkpoint export", args: "CHECKPOINT|DIR|ARCHIVE", summary: "Make a checkpoint (id, CRIU image directory or CRI checkpoint archive) an OCI image that a cklite container restores from.", flags: checkpointExportFlags},
 	{name: "checkpoint import", args: "FILE", summary: "Import a checkpoint image from an OCI archive (what export -o writes).", flags: checkpointImportFlags},
 	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds).", flags: checkpointPruneFlags},
@@ -85,8 +86,32 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "cklite: %v\n", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// Exit statuses (docs/cli.md): 0 done, 1 failed, 2 the command line is wrong (nothing was done).
+const (
+	exitFailed = 1
+	exitUsage  = 2
+)
+
+// usageErr is an error of the command line: an unknown command or flag, a wrong number of
+// arguments, flags that exclude each other. cklite exits with exitUsage.
+type usageErr struct{ error }
+
+func (u usageErr) Unwrap() error { return u.error }
+
+// usageError is a usageErr, also errdefs.ErrInvalidArgument.
+func usageError(format string, args ...any) error {
+	return usageErr{fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)}
+}
+
+func exitCode(err error) int {
+	if errors.As(err, new(usageErr)) {
+		return exitUsage
+	}
+	return exitFailed
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -100,7 +125,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	global.Usage = func() { usage(stderr, global) }
 	global.SetOutput(io.Discard) // usage prints the errors' context; main prints the error
 	if err := global.Parse(args); err != nil {
-		return err
+		return asUsage(err)
 	}
 	if *debug {
 		if err := log.SetLevel("debug"); err != nil {
@@ -110,7 +135,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd, rest, err := lookup(global.Args())
 	if err != nil {
 		usage(stderr, global)
-		return err
+		return usageErr{err}
 	}
 	fs := flag.NewFlagSet("cklite "+cmd.name, flag.ContinueOnError)
 	runCmd := cmd.flags(fs)
@@ -121,9 +146,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(io.Discard)
 	positional, err := parse(fs, rest)
 	if err != nil {
-		return err
+		return asUsage(err)
 	}
-	return runCmd(ctx, c, positional)
+	return explain(runCmd(ctx, c, positional), c.address)
 }
 
 // lookup finds the command args start with and returns it with the arguments after its words.
@@ -159,6 +184,14 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	return fs.Args(), nil
 }
 
+// asUsage marks a flag parsing error as a usageErr; --help is no error.
+func asUsage(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return usageErr{err}
+}
+
 func usage(w io.Writer, global *flag.FlagSet) {
 	fmt.Fprintf(w, "Usage: cklite [global flags] COMMAND [flags] [arguments]\n\nCommands:\n")
 	for _, cmd := range commands {
@@ -182,12 +215,15 @@ func printDefaults(w io.Writer, fs *flag.FlagSet) {
 			fmt.Fprintf(w, " %s", kind)
 		}
 		fmt.Fprintf(w, "\n      %s", help)
-		_, isString := f.Value.(flag.Getter).Get().(string)
-		switch {
-		case isString && f.DefValue != "":
-			fmt.Fprintf(w, " (default %q)", f.DefValue)
-		case !isString && kind != "":
-			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		// A flag.Value need not be a flag.Getter: a repeatable flag is not, and has no default.
+		if g, ok := f.Value.(flag.Getter); ok {
+			_, isString := g.Get().(string)
+			switch {
+			case isString && f.DefValue != "":
+				fmt.Fprintf(w, " (default %q)", f.DefValue)
+			case !isString && kind != "":
+				fmt.Fprintf(w, " (default %s)", f.DefValue)
+			}
 		}
 		fmt.Fprintln(w)
 	})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -116,5 +117,84 @@ func TestAddressFromEnvironment(t *testing.T) {
 	err := run(context.Background(), []string{"checkpoint", "ls"}, &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "/run/elsewhere.sock") {
 		t.Fatalf("run = %v, want the address from CONTAINERD_ADDRESS", err)
+	}
+}
+
+// Every command's --help prints its usage and is no error; the flags cklite declares for output
+// are on every command that talks to containerd or writes files.
+func TestEveryHelp(t *testing.T) {
+	for _, cmd := range commands {
+		t.Run(cmd.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append(strings.Fields(cmd.name), "--help")
+			if err := run(context.Background(), args, &stdout, &stderr); !errors.Is(err, flag.ErrHelp) {
+				t.Fatalf("cklite %s --help = %v, want flag.ErrHelp", cmd.name, err)
+			}
+			help := stderr.String()
+			for _, want := range []string{"Usage: cklite [global flags] " + cmd.name, cmd.summary, "--format FORMAT", "-q\n"} {
+				if !strings.Contains(help, want) {
+					t.Errorf("cklite %s --help does not say %q:\n%s", cmd.name, want, help)
+				}
+			}
+			if stdout.Len() > 0 {
+				t.Errorf("cklite %s --help printed on stdout: %q", cmd.name, stdout.String())
+			}
+		})
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"nope"}, exitUsage},
+		{[]string{}, exitUsage},
+		{[]string{"--bogus", "checkpoint", "ls"}, exitUsage},
+		{[]string{"checkpoint", "ls", "--bogus"}, exitUsage},
+		{[]string{"checkpoint", "ls", "x"}, exitUsage},
+		{[]string{"checkpoint", "ls", "-q", "--format", "json"}, exitUsage},
+		{[]string{"checkpoint", "create", "--fs-only", "--memory-only", "c"}, exitUsage},
+		{[]string{"checkpoint", "create", "--name", "a/b", "c"}, exitUsage},
+		{[]string{"checkpoint", "create", "--label", "novalue", "c"}, exitUsage},
+		{[]string{"checkpoint", "rm"}, exitUsage},
+		{[]string{"rollback"}, exitUsage},
+		{[]string{"fork", "-n", "0", "abc"}, exitUsage},
+		{[]string{"checkpoint", "ls"}, exitFailed}, // containerd is not there: a failure, not misuse
+		{[]string{"rollback", "c", "ck"}, exitFailed},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"--address", t.TempDir() + "/none.sock"}, tc.args...)
+			err := run(context.Background(), args, &stdout, &stderr)
+			if err == nil || exitCode(err) != tc.want {
+				t.Fatalf("run(%q) = %v, exit %d; want exit %d", tc.args, err, exitCode(err), tc.want)
+			}
+		})
+	}
+}
+
+func TestExplainSnapshotterDown(t *testing.T) {
+	const containerd = "/run/ck/containerd.sock"
+	raw := fmt.Errorf("usage of the frozen layer: %w", errors.New(`rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial unix /run/ck/snapshotter.sock: connect: no such file or directory"`))
+	err := explain(raw, "unix://"+containerd)
+	if want := "cklite-snapshotter is not reachable at /run/ck/snapshotter.sock; is it running?"; !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("explain = %q, want it to start with %q", err, want)
+	}
+	if !errors.Is(err, raw) {
+		t.Fatalf("explain lost the error it explains")
+	}
+	// As containerd 2.4 passes it on from its proxy snapshotter.
+	proxied := errors.New(`connection error: desc = "transport: Error while dialing: dial unix:///run/ck/snapshotter.sock: timeout"`)
+	if err := explain(proxied, containerd); !strings.HasPrefix(err.Error(), "cklite-snapshotter is not reachable at /run/ck/snapshotter.sock;") {
+		t.Fatalf("explain(%q) = %q", proxied, err)
+	}
+	// containerd's own socket is connect's business: not the snapshotter's.
+	own := errors.New("dial unix " + containerd + ": connect: connection refused")
+	if got := explain(own, containerd); got != own {
+		t.Fatalf("explain(%q) = %q, want it unchanged", own, got)
+	}
+	if explain(nil, containerd) != nil {
+		t.Fatal("explain(nil) is not nil")
 	}
 }

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/pkg/config"
 	"github.com/cklite/cklite/pkg/paths"
@@ -36,13 +34,13 @@ type pathsReport struct {
 }
 
 func pathsFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
-	format := fs.String("format", "table", "`FORMAT`: table or json")
+	out := outputFlags(fs, "the namespace's checkpoints directory")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) > 0 {
-			return fmt.Errorf("paths takes no arguments, got %q: %w", args, errdefs.ErrInvalidArgument)
+			return usageError("paths takes no arguments, got %q", args)
 		}
-		if *format != "table" && *format != "json" {
-			return fmt.Errorf("--format %q: want table or json: %w", *format, errdefs.ErrInvalidArgument)
+		if err := out.check(); err != nil {
+			return err
 		}
 		ctrd, ctx, err := cli.connect(ctx)
 		if err != nil {
@@ -58,10 +56,12 @@ func pathsFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			return err
 		}
 		r := pathsReport{Address: cli.address, UUID: inst.UUID, ShimConfig: config.ShimConfigPath(), StateDir: inst.Dir, Checkpoints: checkpoints, ImageCache: inst.ImageCache()}
-		if *format == "json" {
-			enc := json.NewEncoder(cli.stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(r)
+		switch {
+		case out.quiet:
+			out.ids(cli.stdout, r.Checkpoints)
+			return nil
+		case out.json():
+			return printJSON(cli.stdout, r)
 		}
 		for _, row := range [][2]string{
 			{"containerd", fmt.Sprintf("%s (UUID %s)", r.Address, r.UUID)},

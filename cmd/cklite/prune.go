@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -30,9 +31,13 @@ func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string
 	unreferenced := fs.Bool("unreferenced", false, "also remove checkpoints with no recorded image directory that no checkpoint image and no --dir holds")
 	dryRun := fs.Bool("dry-run", false, "print what would be removed, remove nothing")
 	gc := fs.Bool("gc", false, "collect garbage before returning, so that the layers nothing else uses are freed now")
+	out := outputFlags(fs, "the ids removed (with --dry-run: that would be)")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) > 0 {
-			return fmt.Errorf("checkpoint prune takes no arguments, got %q: %w", args, errdefs.ErrInvalidArgument)
+			return usageError("checkpoint prune takes no arguments, got %q", args)
+		}
+		if err := out.check(); err != nil {
+			return err
 		}
 		if len(dirs) == 0 {
 			if _, err := os.Stat(defaultNerdctlCheckpoints); err == nil {
@@ -52,27 +57,48 @@ func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string
 		if *gc {
 			opts = append(opts, leases.SynchronousDelete)
 		}
-		pruned := 0
+		human := cli.stdout
+		if !out.human() {
+			human = io.Discard
+		}
+		res := []pruned{}
 		for _, r := range records {
 			why, prune := pruneReason(r, held, *unreferenced)
 			if !prune {
 				continue
 			}
+			res = append(res, pruned{ID: r.ID, Name: r.Name, Container: r.Container, Reason: why})
 			if *dryRun {
-				fmt.Fprintf(cli.stdout, "would remove %s: %s\n", r.ID, why)
+				fmt.Fprintf(human, "would remove %s: %s\n", r.ID, why)
 				continue
 			}
 			if err := ctrd.LeasesService().Delete(ctx, leases.Lease{ID: checkpoint.LeaseID(r.ID)}, opts...); err != nil && !errdefs.IsNotFound(err) {
 				return fmt.Errorf("remove checkpoint %s: %w", r.ID, err)
 			}
-			pruned++
-			fmt.Fprintf(cli.stdout, "removed %s: %s\n", r.ID, why)
+			res[len(res)-1].Removed = true
+			fmt.Fprintf(human, "removed %s: %s\n", r.ID, why)
 		}
-		if !*dryRun {
-			fmt.Fprintf(cli.stdout, "%d of %d checkpoints removed\n", pruned, len(records))
+		switch {
+		case out.quiet:
+			for _, p := range res {
+				out.ids(cli.stdout, p.ID)
+			}
+		case out.json():
+			return printJSON(cli.stdout, res)
+		case !*dryRun:
+			fmt.Fprintf(cli.stdout, "%d of %d checkpoints removed\n", len(res), len(records))
 		}
 		return nil
 	}
+}
+
+// pruned is one checkpoint as checkpoint prune --format json prints it.
+type pruned struct {
+	ID        string `json:"id"`
+	Name      string `json:"name,omitempty"`
+	Container string `json:"container"`
+	Reason    string `json:"reason"`
+	Removed   bool   `json:"removed"` // false with --dry-run
 }
 
 // pruneReason says why r goes, or that it stays: its recorded image directory no longer holds it,

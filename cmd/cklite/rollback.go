@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
@@ -15,10 +14,14 @@ import (
 
 func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	imagePath := fs.String("image-path", "", "roll back to the checkpoint in the CRIU image directory `DIR` (default: the one CHECKPOINT was taken into); CHECKPOINT may then be left out")
+	out := outputFlags(fs, "the container's id")
 	forceForeign := fs.Bool("force-foreign", false, "roll back even to a checkpoint outside the container's lineage (taken of another container that it was not forked or restored from): that container's memory and files replace this one's")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) < 1 || len(args) > 2 || (len(args) == 1 && *imagePath == "") {
-			return fmt.Errorf("want CONTAINER and CHECKPOINT, or CONTAINER and --image-path: %w", errdefs.ErrInvalidArgument)
+			return usageError("want CONTAINER and CHECKPOINT, or CONTAINER and --image-path")
+		}
+		if err := out.check(); err != nil {
+			return err
 		}
 		ctrd, ctx, records, err := cli.checkpoints(ctx)
 		if err != nil {
@@ -39,7 +42,7 @@ func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error
 		if *forceForeign {
 			annotations[checkpoint.ForceForeignKey] = "true"
 		}
-		fmt.Fprintf(cli.stdout, "rolling %s back to checkpoint %s\n", args[0], src.Checkpoint.ID)
+		fmt.Fprintf(progressTo(cli.stderr), "rolling %s back to checkpoint %s\n", c.ID(), src.Checkpoint.ID)
 		start := time.Now()
 		// The task API has no rollback: the shim takes it as an annotation of an Update, which
 		// containerd passes on unchanged.
@@ -48,9 +51,8 @@ func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error
 			Annotations: annotations,
 		})
 		if err != nil {
-			return fmt.Errorf("roll back %s: %w", args[0], errgrpc.ToNative(err))
+			return fmt.Errorf("roll back %s: %w", c.ID(), errgrpc.ToNative(err))
 		}
-		fmt.Fprintf(cli.stdout, "%s rolled back to %s in %s\n", args[0], src.Checkpoint.ID, time.Since(start).Round(time.Millisecond))
-		return nil
+		return printRollback(ctx, cli, out, c, src.Checkpoint, time.Since(start))
 	}
 }

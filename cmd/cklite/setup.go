@@ -24,7 +24,11 @@ func setupFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	cniBin := fs.String("cni-bin", "", "`DIR` of the CNI plugins (default: make deps' beside containerd, else /opt/cni/bin)")
 	subnet := fs.String("subnet", "", "`CIDR` of the default network of a private containerd's nerdctl (default: a free /24 in 10.224.0.0/11)")
 	force := fs.Bool("force", false, "replace files of DIR that hold something else")
+	out := outputFlags(fs, "the paths of the files")
 	return func(ctx context.Context, cli *cli, args []string) error {
+		if err := out.check(); err != nil {
+			return err
+		}
 		dir, bins, err := withBinaries(root(args))
 		if err != nil {
 			return err
@@ -46,6 +50,19 @@ func setupFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		written, err := setup.Write(dir, files, *force)
 		if err != nil {
 			return err
+		}
+		switch {
+		case out.quiet:
+			for _, w := range written {
+				out.ids(cli.stdout, w.Path)
+			}
+			return nil
+		case out.json():
+			files := []setupFile{}
+			for _, w := range written {
+				files = append(files, setupFile{Path: w.Path, Changed: w.Changed})
+			}
+			return printJSON(cli.stdout, files)
 		}
 		for _, w := range written {
 			state := "unchanged"
@@ -83,22 +100,56 @@ A private containerd with cklite, all in %[1]s:
 	fmt.Fprintln(w, "Every file, key and path: docs/configuration.md.")
 }
 
+// setupFile is one file as setup --format json prints it.
+type setupFile struct {
+	Path    string `json:"path"`
+	Changed bool   `json:"changed"` // false: it held this already
+}
+
+// daemonState is what daemon start and stop --format json print.
+type daemonState struct {
+	Root    string `json:"root"`
+	Running bool   `json:"running"`
+}
+
 func daemonStartFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	root := rootFlag(fs, "that cklite setup wrote")
+	out := outputFlags(fs, "nothing")
 	return func(ctx context.Context, cli *cli, args []string) error {
+		if err := out.check(); err != nil {
+			return err
+		}
 		dir, bins, err := withBinaries(root(args))
 		if err != nil {
 			return err
 		}
-		return setup.Start(ctx, dir, bins, cli.stdout)
+		if err := setup.Start(ctx, dir, bins, humanOut(cli, out)); err != nil {
+			return err
+		}
+		if out.json() {
+			return printJSON(cli.stdout, daemonState{Root: dir, Running: true})
+		}
+		return nil
 	}
+}
+
+// humanOut is stdout for the default output, else nowhere.
+func humanOut(cli *cli, out *output) io.Writer {
+	if out.human() {
+		return cli.stdout
+	}
+	return io.Discard
 }
 
 func daemonStopFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	root := rootFlag(fs, "that cklite setup wrote")
 	force := fs.Bool("force", false, "stop containerd even though containers run: they and their shims go on without it")
 	timeout := fs.Duration("timeout", 10*time.Second, "wait `DURATION` for each daemon to exit after SIGTERM, then SIGKILL it")
+	out := outputFlags(fs, "nothing")
 	return func(ctx context.Context, cli *cli, args []string) error {
+		if err := out.check(); err != nil {
+			return err
+		}
 		dir, err := root(args)
 		if err != nil {
 			return err
@@ -117,7 +168,13 @@ func daemonStopFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) err
 					len(running), running, errdefs.ErrFailedPrecondition)
 			}
 		}
-		return setup.Stop(dir, *timeout, cli.stdout)
+		if err := setup.Stop(dir, *timeout, humanOut(cli, out)); err != nil {
+			return err
+		}
+		if out.json() {
+			return printJSON(cli.stdout, daemonState{Root: dir, Running: false})
+		}
+		return nil
 	}
 }
 
@@ -127,10 +184,10 @@ func rootFlag(fs *flag.FlagSet, usage string) func(args []string) (string, error
 	root := fs.String("root", os.Getenv("CKLITE_ROOT"), "`DIR` "+usage+" (env CKLITE_ROOT)")
 	return func(args []string) (string, error) {
 		if len(args) > 0 {
-			return "", fmt.Errorf("%s takes no arguments, got %q: %w", strings.TrimPrefix(fs.Name(), "cklite "), args, errdefs.ErrInvalidArgument)
+			return "", usageError("%s takes no arguments, got %q", strings.TrimPrefix(fs.Name(), "cklite "), args)
 		}
 		if *root == "" {
-			return "", fmt.Errorf("no --root DIR given (nor CKLITE_ROOT): %w", errdefs.ErrInvalidArgument)
+			return "", usageError("no --root DIR given (nor CKLITE_ROOT)")
 		}
 		return filepath.Abs(*root)
 	}

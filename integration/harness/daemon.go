@@ -225,6 +225,18 @@ func (d *Daemon) RestartSnapshotter(kill bool) error {
 	return d.startSnapshotter()
 }
 
+// StopSnapshotter stops cklite-snapshotter and leaves it stopped (containerd runs on, its proxy
+// snapshotter unreachable) until StartSnapshotter.
+func (d *Daemon) StopSnapshotter() error {
+	if d.snapshotter == nil {
+		return fmt.Errorf("cklite-snapshotter is not running: start the daemon with Config{CkliteSnapshotter: true}")
+	}
+	return d.snapshotter.stop(10 * time.Second)
+}
+
+// StartSnapshotter starts cklite-snapshotter again after StopSnapshotter.
+func (d *Daemon) StartSnapshotter() error { return d.startSnapshotter() }
+
 // env is the environment of containerd and of the CLIs run against it.
 func (d *Daemon) env() []string {
 	return []string{

@@ -66,6 +66,7 @@ func (c Contents) HasFS() bool { return c != MemoryOnly }
 type Meta struct {
 	Format      int       `json:"format"`
 	ID          string    `json:"id"`
+	Name        string    `json:"name,omitempty"` // unique among its container's checkpoints
 	Namespace   string    `json:"namespace"`
 	Container   string    `json:"container"`
 	Contents    Contents  `json:"contents"`
@@ -81,6 +82,8 @@ type Meta struct {
 	// Lineage is the lineage of the container when it was checkpointed (see LineageKey): what a
 	// container restored from this checkpoint descends from, after the checkpoint itself.
 	Lineage string `json:"lineage,omitempty"`
+	// Labels are the client's own (cklite checkpoint create --label).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // DumpFlags are the CRIU options the dump was taken with. CRIU's restore needs the same ones

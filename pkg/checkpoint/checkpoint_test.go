@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ func sample() Meta {
 		ID: "0123456789ab", Namespace: "default", Container: "c1", Contents: MemoryAndFS,
 		Snapshotter: "cklite", Frozen: FrozenName("0123456789ab"), Parent: "ba9876543210",
 		Host: "host", Created: time.Date(2026, 11, 21, 4, 0, 0, 123, time.UTC), MemoryBytes: 4096, Version: "test",
+		Name: "step-1", Labels: map[string]string{"run": "7"},
 	}
 }
 
@@ -30,7 +32,7 @@ func TestWriteRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	want.Format = FormatVersion
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("read %+v, wrote %+v", got, want)
 	}
 }
@@ -100,7 +102,7 @@ func TestLeaseLabelsRoundTrip(t *testing.T) {
 				t.Fatalf("expires %v, want %v", got.Expires, want.Expires)
 			}
 			got.Expires, want.Expires = time.Time{}, time.Time{}
-			if got != want {
+			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("from lease %+v\nwant %+v", got, want)
 			}
 		})

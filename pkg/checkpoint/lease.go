@@ -52,11 +52,14 @@ func (r Record) labels() map[string]string {
 	}
 	for k, v := range map[string]string{
 		LabelParent: r.Parent, LabelSnapshotter: r.Snapshotter, LabelFrozen: r.Frozen, LabelImagePath: r.ImagePath,
-		LabelHost: r.Host, LabelVersion: r.Version,
+		LabelHost: r.Host, LabelVersion: r.Version, LabelName: r.Name,
 	} {
 		if v != "" {
 			l[k] = v
 		}
+	}
+	for k, v := range r.Labels {
+		l[LabelUserPrefix+k] = v
 	}
 	if !r.Expires.IsZero() {
 		l[labelExpire] = r.Expires.UTC().Format(time.RFC3339)
@@ -81,6 +84,8 @@ func FromLease(namespace string, l leases.Lease) (Record, error) {
 		Parent:      l.Labels[LabelParent],
 		Host:        l.Labels[LabelHost],
 		Version:     l.Labels[LabelVersion],
+		Name:        l.Labels[LabelName],
+		Labels:      userLabels(l.Labels),
 	}, ImagePath: l.Labels[LabelImagePath]}
 	var err error
 	if r.Created, err = time.Parse(time.RFC3339Nano, l.Labels[LabelCreated]); err != nil {

@@ -2,11 +2,8 @@ package checkpoint
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/containerd/errdefs"
 )
 
 // Node is one checkpoint in a Tree.
@@ -76,31 +73,6 @@ func NewTree(records []Record) *Tree {
 		mark(n)
 	}
 	return t
-}
-
-// Lookup finds the checkpoint whose id is id or, failing that, the only one whose id starts with
-// id. No match is errdefs.ErrNotFound; several are errdefs.ErrInvalidArgument naming them.
-func (t *Tree) Lookup(id string) (*Node, error) {
-	if id == "" {
-		return nil, fmt.Errorf("empty checkpoint id: %w", errdefs.ErrInvalidArgument)
-	}
-	if n, ok := t.byID[id]; ok {
-		return n, nil
-	}
-	var matches []string
-	for full := range t.byID {
-		if strings.HasPrefix(full, id) {
-			matches = append(matches, full)
-		}
-	}
-	switch len(matches) {
-	case 0:
-		return nil, fmt.Errorf("no checkpoint %q: %w", id, errdefs.ErrNotFound)
-	case 1:
-		return t.byID[matches[0]], nil
-	}
-	slices.Sort(matches)
-	return nil, fmt.Errorf("checkpoint id prefix %q is ambiguous: it matches %s: %w", id, strings.Join(matches, ", "), errdefs.ErrInvalidArgument)
 }
 
 // Line is one row of the tree as `cklite checkpoint ls` prints it.

@@ -88,7 +88,17 @@ func TestTree(t *testing.T) {
 }
 
 func TestLookup(t *testing.T) {
-	tree := NewTree([]Record{rec("0123456789ab", "", 0), rec("0123ffffffff", "", 1), rec("abc", "", 2), rec("abcdef", "", 3)})
+	named := func(id, name, container string, labels map[string]string) Record {
+		r := rec(id, "", 4)
+		r.Name, r.Container, r.Labels = name, container, labels
+		return r
+	}
+	tree := NewTree([]Record{rec("0123456789ab", "", 0), rec("0123ffffffff", "", 1), rec("abc", "", 2), rec("abcdef", "", 3),
+		named("111111111111", "step1", "web", map[string]string{"run": "7", "phase": "a"}),
+		named("222222222222", "step1", "db", map[string]string{"run": "7", "phase": "b"}),
+		named("333333333333", "only", "web", nil),
+		named("444444444444", "0123ff", "web", nil), // a name wins over the id it prefixes
+	})
 	for _, tc := range []struct {
 		id    string
 		want  string
@@ -103,6 +113,12 @@ func TestLookup(t *testing.T) {
 		{id: "0123", isErr: errdefs.IsInvalidArgument, says: "matches 0123456789ab, 0123ffffffff"},
 		{id: "fff", isErr: errdefs.IsNotFound, says: `no checkpoint "fff"`},
 		{id: "", isErr: errdefs.IsInvalidArgument, says: "empty"},
+		{id: "only", want: "333333333333"},
+		{id: "0123ff", want: "444444444444"},
+		{id: "step1", isErr: errdefs.IsInvalidArgument, says: `checkpoint name "step1" is ambiguous: it matches 111111111111 (name step1, container web), 222222222222 (name step1, container db)`},
+		{id: "phase=b", want: "222222222222"},
+		{id: "run=7", isErr: errdefs.IsInvalidArgument, says: `checkpoint label "run=7" is ambiguous`},
+		{id: "run=8", isErr: errdefs.IsNotFound, says: `no checkpoint "run=8"`},
 	} {
 		t.Run(tc.id, func(t *testing.T) {
 			n, err := tree.Lookup(tc.id)
