@@ -62,8 +62,10 @@ vet:
 ## test: unit tests, then the integration tests against a real containerd
 test: deps build vet test-unit test-integration
 
+## test-unit: every package's unit tests under the race detector (the shim's lifecycle tests run
+## calls concurrently with a checkpoint and a rollback)
 test-unit:
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/integration$$')
+	CGO_ENABLED=1 $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/integration$$')
 
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
