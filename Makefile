@@ -14,13 +14,18 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps build install demo test test-unit test-integration vet bench bench-full bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps deps-kube build install demo test test-unit test-integration test-kube test-forks vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
 ## deps: CRIU, containerd, runc, nerdctl, CNI plugins, registry, crane and apt packages (idempotent)
 deps:
 	contrib/install.sh
+
+## deps-kube: deps, plus etcd and Kubernetes' kubelet, kube-apiserver, kube-controller-manager and
+## kubectl built from the Go module proxy (cached; the first build takes long, see docs/install.md)
+deps-kube:
+	contrib/install.sh --kube
 
 ## build: cklite's binaries into bin/
 build:
@@ -68,12 +73,24 @@ test-unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/integration$$')
 
 test-integration:
-	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) ./integration/
+	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -skip '^TestKube' ./integration/
+
+## test-kube: the kubelet tests (integration/kube_test.go) on a one-node Kubernetes built by deps-kube
+test-kube: deps-kube build
+	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '^TestKube' ./integration/
+
+## test-forks: 100 forks of one nerdctl container, all must start, then checkpoint, roll back and
+## nerdctl rm (issue 13); make test runs the same with 10 (TestForksIndependent)
+test-forks: deps build
+	CKLITE_TEST_FORKS=100 $(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run 'TestForksMany$$' ./integration/
 
 ## bench: the checkpoint benchmark's quick mode (issue 6, ~9 min on 2 cores): idle, memory,
 ## filesystem, python agent sandbox, fan-out and tree-search workloads on cklite and on the stock
-## runc shim + overlayfs, taking turns; a table of ratios on stdout, CSV, Markdown and SVG charts
-## in bench-results/TIME (BENCH_ARGS for more, e.g. -out DIR)
+## runc shim + overlayfs, taking turns; a table of ratios on stdout, CSV, Markdown, SVG charts,
+## failures.csv and the log in bench-results/TIME, rewritten after each workload (BENCH_ARGS for
+## more, e.g. -out DIR, -only WORKLOAD). A failed operation is recorded and the run goes on; exit
+## status 0: every operation succeeded, 3: some failed (shown in the table and failures.csv), the
+## results complete; 1: the run stopped (set-up failed, interrupted); see docs/performance.md
 bench: deps build
 	$(GO) run ./integration/bench/checkpoint $(BENCH_ARGS)
 
@@ -82,6 +99,12 @@ bench: deps build
 ## 25-50 s per 1 GB checkpoint; not yet run end to end)
 bench-full: deps build
 	$(GO) run ./integration/bench/checkpoint -full $(BENCH_ARGS)
+
+## bench-selftest: every workload of the benchmark on a fake of each system with failures
+## injected into both (seconds; needs neither root nor containerd): the run completes, each
+## failure shown where it happened, the transient one retried once
+bench-selftest:
+	$(GO) test -count=1 -run '^TestSelftest' ./integration/bench/checkpoint/
 
 ## bench-all: every benchmark, each printing its ratios against the stock runc shim / overlayfs
 bench-all: bench-snapshotter bench-shim bench-checkpoint bench

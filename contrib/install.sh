@@ -238,6 +238,85 @@ install_nerdctl() {
   step_end "nerdctl $NERDCTL_VERSION" "built into $BIN/nerdctl"
 }
 
+# A module of our own that requires k8s.io/kubernetes: the module proxy serves it, but its go.mod
+# points every k8s.io staging module (k8s.io/api, client-go, ...) at ./staging/src, which a module
+# download does not have. Each of those is replaced by its published KUBERNETES_STAGING_VERSION.
+KUBE_BINS=(kubelet kube-apiserver kube-controller-manager kubectl)
+
+# write_kube_module DIR writes DIR/go.mod for building KUBE_BINS (go.sum is filled by the build).
+write_kube_module() {
+  local dir=$1 gomod staging m
+  gomod=$(cd / && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | awk -F'"' '/"GoMod":/{print $4}')
+  [ -f "$gomod" ] || die "go mod download k8s.io/kubernetes@$KUBERNETES_VERSION gave no go.mod (see the Go module proxy)"
+  staging=$(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$gomod")
+  [ -n "$staging" ] || die "k8s.io/kubernetes@$KUBERNETES_VERSION's go.mod names no staging modules: has its layout changed?"
+  mkdir -p "$dir"
+  {
+    echo "module cklite.local/kube"
+    echo
+    echo "go $(awk '$1 == "go" {print $2; exit}' "$gomod")"
+    echo
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo
+    echo "replace ("
+    for m in $staging; do echo "	$m => $m $KUBERNETES_STAGING_VERSION"; done
+    echo ")"
+  } >"$dir/go.mod"
+}
+
+# kube_ldflags: stripped, and with the version Kubernetes' own build stamps (the kubelet reports it
+# to the apiserver, kubectl compares them).
+kube_ldflags() {
+  local v=$KUBERNETES_VERSION minor pkg flags="-s -w"
+  minor=${v#v1.}; minor=${minor%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  echo "$flags"
+}
+
+install_kube() {
+  local bins=() b key="$KUBERNETES_VERSION $KUBERNETES_STAGING_VERSION"
+  for b in "${KUBE_BINS[@]}"; do bins+=("$BIN/$b"); done
+  if has_stamp kubernetes "$key" && all_exist "${bins[@]}"; then
+    say "kubernetes $KUBERNETES_VERSION: present (skipped)"
+  else
+    step_begin "kubernetes $KUBERNETES_VERSION: build ${KUBE_BINS[*]}"
+    local src=$CACHE/src/kube-$KUBERNETES_VERSION ldflags
+    write_kube_module "$src"
+    ldflags=$(kube_ldflags)
+    for b in "${KUBE_BINS[@]}"; do
+      run_logged "$LOGS/kubernetes.log" sh -c "cd '$src' && CGO_ENABLED=0 go build -mod=mod -trimpath \
+        -ldflags '$ldflags' -o '$BIN/$b.tmp' k8s.io/kubernetes/cmd/$b && mv -f '$BIN/$b.tmp' '$BIN/$b'"
+      say "kubernetes: $b built ($(elapsed "$STEP_T0") so far)"
+    done
+    stamp kubernetes "$key"
+    step_end "kubernetes $KUBERNETES_VERSION" "built into $BIN"
+  fi
+  install_etcd
+}
+
+# etcd's main package is go.etcd.io/etcd/server/v3 itself; its go.mod replaces its sibling modules
+# by relative paths, so `go install pkg@version` refuses it: build it from a module of our own.
+install_etcd() {
+  if has_stamp etcd "$ETCD_VERSION" && [ -x "$BIN/etcd" ]; then
+    say "etcd $ETCD_VERSION: present (skipped)"; return
+  fi
+  step_begin "etcd $ETCD_VERSION: build"
+  local src=$CACHE/src/etcd-$ETCD_VERSION
+  mkdir -p "$src"
+  printf 'module cklite.local/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$src/go.mod"
+  run_logged "$LOGS/etcd.log" sh -c "cd '$src' && CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags '-s -w' \
+    -o '$BIN/etcd.tmp' go.etcd.io/etcd/server/v3 && mv -f '$BIN/etcd.tmp' '$BIN/etcd'"
+  stamp etcd "$ETCD_VERSION"
+  step_end "etcd $ETCD_VERSION" "built into $BIN/etcd"
+}
+
+all_exist() {
+  local f
+  for f in "$@"; do [ -x "$f" ] || return 1; done
+}
+
 main() {
   local t0
   t0=$(now)
@@ -245,7 +324,17 @@ main() {
   apt_packages
   install_criu
   install_go_stack
+  [ "$KUBE" = 0 ] || install_kube
   say "done in $(elapsed "$t0"): binaries in $BIN"
 }
 
-main "$@"
+usage() { echo "usage: $0 [--kube]   (--kube: also etcd and Kubernetes' kubelet, kube-apiserver, kube-controller-manager, kubectl)" >&2; exit 2; }
+
+KUBE=0
+for arg in "$@"; do
+  case "$arg" in
+    --kube) KUBE=1 ;;
+    *) usage ;;
+  esac
+done
+main

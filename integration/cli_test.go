@@ -263,7 +263,7 @@ func TestCLICheckpoints(t *testing.T) {
 }
 
 // forkLineRE is the line `cklite fork` prints as each fork runs.
-var forkLineRE = regexp.MustCompile(`^  (\S+) running, restored in (\S+)$`)
+var forkLineRE = regexp.MustCompile(`^  (\S+) \(([0-9a-f]{12})\) running, restored in (\S+)$`)
 
 // TestCLIFork forks a running counter's checkpoint into three containers with `cklite fork -n 3`:
 // each counts on from the checkpointed value with the same token, holds the checkpoint's files on
@@ -287,19 +287,20 @@ func TestCLIFork(t *testing.T) {
 		t.Fatalf("cklite fork printed %q first, want %q", lines[0], want)
 	}
 	// Forks start several at once, so their lines come in the order they end up running.
-	var ids []string
+	var names []string
 	for i, l := range lines[1:4] {
 		sub := forkLineRE.FindStringSubmatch(l)
 		if sub == nil {
 			t.Fatalf("progress line %d is %q, want a fork running", i+1, l)
 		}
-		t.Logf("timing: fork %s restored in %s", sub[1], sub[2])
-		ids = append(ids, sub[1])
+		t.Logf("timing: fork %s restored in %s", sub[1], sub[3])
+		names = append(names, sub[1])
 	}
-	slices.Sort(ids)
-	if want := []string{"web-fork-1", "web-fork-2", "web-fork-3"}; !slices.Equal(ids, want) {
-		t.Fatalf("progress lines name %v, want %v", ids, want)
+	slices.Sort(names)
+	if want := []string{"web-fork-1", "web-fork-2", "web-fork-3"}; !slices.Equal(names, want) {
+		t.Fatalf("progress lines name %v, want %v", names, want)
 	}
+	ids := forkIDsByName(t, e, names)
 	if !regexp.MustCompile(`^3 forks running in \S+ \(\S+ each on average\)$`).MatchString(lines[4]) {
 		t.Fatalf("cklite fork's last line is %q, want the total", lines[4])
 	}
@@ -422,6 +423,24 @@ func TestCLIFork(t *testing.T) {
 			t.Fatalf("containers %v after a refused fork, %v before", after, before)
 		}
 	})
+}
+
+// forkIDsByName returns the container ids of the forks with the nerdctl names names: random,
+// 64 hex digits.
+func forkIDsByName(t *testing.T, e *ckEnv, names []string) []string {
+	t.Helper()
+	var ids []string
+	for _, name := range names {
+		cs, err := e.d.Client().Containers(e.ctx, fmt.Sprintf("labels.%q==%q", "nerdctl/name", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cs) != 1 || !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(cs[0].ID()) {
+			t.Fatalf("%d containers named %s, want one fork with a 64-hex id", len(cs), name)
+		}
+		ids = append(ids, cs[0].ID())
+	}
+	return ids
 }
 
 // procIdentity is what sets the init process of container id's task apart from another's: its

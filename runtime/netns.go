@@ -59,29 +59,44 @@ func OpenNetNS(pid int) (*os.File, error) {
 }
 
 // NewNetNS creates a network namespace with lo up, held by the returned file.
+//
+// The namespace is entered by a thread that then ends with its goroutine, and never by the main
+// thread: /proc/self/ns/net is the main thread's, and libcontainer compares a configuration's
+// network namespace against it to tell the host's. Made on the main thread, a fork's new
+// namespace passed for the host's ("sysctl ... not allowed in host network namespace"), and the
+// main thread stayed in it.
 func NewNetNS() (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// The thread enters the new namespace and never leaves it: it is not unlocked, so Go
-		// ends it with the goroutine instead of handing it to other goroutines.
-		goruntime.LockOSThread()
+	var f *os.File
+	err := offMainThread(func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("create network namespace: %w", err)}
-			return
+			return fmt.Errorf("create network namespace: %w", err)
 		}
 		if err := loUp(); err != nil {
-			ch <- result{err: err}
+			return err
+		}
+		var err error
+		f, err = os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		return err
+	})
+	return f, err
+}
+
+// offMainThread runs fn on a locked thread other than the main one, which ends when fn returns:
+// fn may leave the thread in namespaces of its own.
+func offMainThread(fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// While this goroutine holds the main thread, the next one runs on another.
+			done <- offMainThread(fn)
+			goruntime.UnlockOSThread()
 			return
 		}
-		f, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		ch <- result{f, err}
+		// Not unlocked: Go ends the thread with the goroutine instead of reusing it.
+		done <- fn()
 	}()
-	r := <-ch
-	return r.f, r.err
+	return <-done
 }
 
 // loUp brings up the loopback device of the calling thread's network namespace.

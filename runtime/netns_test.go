@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"golang.org/x/sys/unix"
 )
 
 func TestNameNetNS(t *testing.T) {
@@ -72,4 +73,38 @@ func TestHasTCPSockets(t *testing.T) {
 	if has, err := HasTCPSockets(os.Getpid()); err != nil || !has {
 		t.Fatalf("HasTCPSockets with a listening socket = %v, %v; want true", has, err)
 	}
+}
+
+// TestNewNetNSLeavesMainThread: however the goroutines fall on threads, a new network namespace
+// is never the one /proc/self/ns/net (the main thread's) names, and the main thread stays in
+// its own: libcontainer takes that one for the host's.
+func TestNewNetNSLeavesMainThread(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces")
+	}
+	host := inode(t, "/proc/self/ns/net")
+	for i := range 200 {
+		f, err := NewNetNS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		created := st.Ino
+		f.Close()
+		if now := inode(t, "/proc/self/ns/net"); now != host || created == host {
+			t.Fatalf("namespace %d: /proc/self/ns/net is %d, was %d; the new one is %d", i, now, host, created)
+		}
+	}
+}
+
+func inode(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
 }

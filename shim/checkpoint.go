@@ -114,6 +114,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		Host:      checkpoint.MachineID(),
 		Created:   time.Now().UTC(),
 		Version:   ckliteVersion,
+		Lineage:   rs.labels[checkpoint.LineageKey],
 		Dump:      dumpFlags(ck.opts),
 	}
 	ttl, err := checkpointTTL(ck.s.config, c.spec.Annotations, rs.labels)
@@ -279,7 +280,21 @@ func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error
 		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
 		return err
 	}
+	ck.s.descend(ctx, ck.c.id, meta)
 	return nil
+}
+
+// descend records that container id's state now descends from checkpoint meta (taken of it,
+// restored or rolled back to). A failure is logged, not returned: the checkpoint or restore is
+// done, and a lineage left behind only refuses rollbacks that --force-foreign still allows.
+func (s *service) descend(ctx context.Context, id string, meta checkpoint.Meta) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err == nil {
+		err = s.daemon.setLineage(ctx, ns, id, checkpoint.Descend(meta.ID, checkpoint.ParseLineage(meta.Lineage)))
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("checkpoint", meta.ID).Warn("lineage not recorded")
+	}
 }
 
 // parentCheckpoint is the checkpoint whose frozen layer key is stacked on, or "".

@@ -17,7 +17,9 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
+	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/paths"
 )
 
@@ -26,6 +28,7 @@ import (
 type daemonClient interface {
 	dial() (*grpc.ClientConn, error)
 	containerRootfs(ctx context.Context, ns, id string) (rootfsSnapshot, error)
+	setLineage(ctx context.Context, ns, id string, l checkpoint.Lineage) error
 	snapshotter(name string) (snapshots.Snapshotter, error)
 	leases() (leases.Manager, error)
 	instance(ctx context.Context, stateDir string) (paths.Instance, error)
@@ -82,6 +85,22 @@ func (d *daemon) containerRootfs(ctx context.Context, ns, id string) (rootfsSnap
 		return rootfsSnapshot{}, fmt.Errorf("look up container %s in containerd: %w", id, errgrpc.ToNative(err))
 	}
 	return rootfsSnapshot{snapshotter: resp.Container.Snapshotter, key: resp.Container.SnapshotKey, labels: resp.Container.Labels}, nil
+}
+
+// setLineage records l as container id's lineage (checkpoint.LineageKey), changing no other label.
+func (d *daemon) setLineage(ctx context.Context, ns, id string, l checkpoint.Lineage) error {
+	conn, err := d.dial()
+	if err != nil {
+		return err
+	}
+	_, err = containersapi.NewContainersClient(conn).Update(namespaces.WithNamespace(ctx, ns), &containersapi.UpdateContainerRequest{
+		Container:  &containersapi.Container{ID: id, Labels: map[string]string{checkpoint.LineageKey: l.String()}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels." + checkpoint.LineageKey}},
+	})
+	if err != nil {
+		return fmt.Errorf("record the lineage of container %s: %w", id, errgrpc.ToNative(err))
+	}
+	return nil
 }
 
 func (d *daemon) snapshotter(name string) (snapshots.Snapshotter, error) {

@@ -19,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
 
+	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/paths"
 	"github.com/cklite/cklite/runtime"
 )
@@ -117,6 +118,10 @@ func (d *fakeDaemon) dial() (*grpc.ClientConn, error) {
 
 func (d *fakeDaemon) containerRootfs(context.Context, string, string) (rootfsSnapshot, error) {
 	return rootfsSnapshot{snapshotter: "fake", key: "rootfs", labels: d.labels}, nil
+}
+
+func (d *fakeDaemon) setLineage(context.Context, string, string, checkpoint.Lineage) error {
+	return nil
 }
 
 func (d *fakeDaemon) snapshotter(string) (snapshots.Snapshotter, error) {

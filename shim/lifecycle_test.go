@@ -176,7 +176,7 @@ func TestCallsDuringFailedRollback(t *testing.T) {
 			ctx := namespaces.WithNamespace(context.Background(), "test")
 			dir := memoryCheckpoint(t)
 			rbDone := make(chan error, 1)
-			go func() { rbDone <- s.rollbackInPlace(ctx, c, dir) }()
+			go func() { rbDone <- s.rollbackInPlace(ctx, c, dir, false) }()
 			<-e.entered
 			if st := c.init.status(); st != statusRestoring {
 				t.Fatalf("during the rollback the init is %s, want restoring", st)

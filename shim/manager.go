@@ -27,6 +27,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/cklite/cklite/runtime"
 )
@@ -199,8 +201,8 @@ func (m manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 		Name:    m.Name(),
 		Version: &types.RuntimeVersion{Version: version.Version, Revision: version.Revision},
 	}
-	opts, err := shim.ReadRuntimeOptions[*options.Options](optionsR)
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	opts, err := readInfoOptions(optionsR)
+	if err != nil {
 		return nil, fmt.Errorf("read runtime options: %w", err)
 	}
 	if opts != nil {
@@ -212,4 +214,25 @@ func (m manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 		return nil, fmt.Errorf("marshal features: %w", err)
 	}
 	return info, nil
+}
+
+// readInfoOptions reads the runtime options containerd writes to `-info`'s stdin: nothing, or a
+// protobuf Any of any form a task's Create accepts (decodeOptions). The CRI plugin introspects
+// each runtime handler this way, passing runc's Options for runtime type io.containerd.runc.v2
+// and runtimeoptions.v1.Options (the handler's options table as TOML) for any other type, such
+// as io.containerd.cklite.v2: refusing the latter would leave the handler without features
+// (no user namespaces, no recursive read-only mounts). Nothing gives nil options.
+func readInfoOptions(r io.Reader) (*options.Options, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("read stdin: %w", err)
+	}
+	if len(data) == 0 {
+		return nil, nil
+	}
+	var a anypb.Any
+	if err := proto.Unmarshal(data, &a); err != nil {
+		return nil, fmt.Errorf("stdin is not a protobuf Any: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return decodeOptions(&a)
 }

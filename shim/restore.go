@@ -41,6 +41,7 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 		}
 	}
 	c.dumped = meta.Dump
+	s.descend(namespaces.WithNamespace(ctx, ns), c.id, meta)
 	moveOwnCgroup(c.spec, meta.Container, c.id)
 	if meta.Contents.HasFS() && !c.fromImage {
 		if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {

@@ -23,15 +23,12 @@ import (
 // task gets a new namespace. A paused task comes back paused.
 //
 // If the restore fails the task ends (its exit is published) and the checkpoint is untouched.
-func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string) error {
+//
+// A checkpoint outside the container's lineage is refused unless forceForeign
+// (checkpoint.MayRollBack): the shim decides, whichever client asks.
+func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string, forceForeign bool) error {
 	meta, err := checkpoint.Read(dir)
 	if err != nil {
-		return err
-	}
-	if !meta.Contents.HasMemory() {
-		return fmt.Errorf("checkpoint %s holds no processes (contents %s): start a new task from it: %w", meta.ID, meta.Contents, errdefs.ErrFailedPrecondition)
-	}
-	if err := checkpoint.CheckImages(dir); err != nil {
 		return err
 	}
 	ns, err := namespaces.NamespaceRequired(ctx)
@@ -40,6 +37,15 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string)
 	}
 	rs, err := s.daemon.containerRootfs(ctx, ns, c.id)
 	if err != nil {
+		return err
+	}
+	if err := checkpoint.MayRollBack(c.id, checkpoint.ParseLineage(rs.labels[checkpoint.LineageKey]), meta, forceForeign); err != nil {
+		return err
+	}
+	if !meta.Contents.HasMemory() {
+		return fmt.Errorf("checkpoint %s holds no processes (contents %s): start a new task from it: %w", meta.ID, meta.Contents, errdefs.ErrFailedPrecondition)
+	}
+	if err := checkpoint.CheckImages(dir); err != nil {
 		return err
 	}
 	sn, err := s.daemon.snapshotter(rs.snapshotter)
@@ -91,5 +97,6 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string)
 		return fmt.Errorf("roll back to checkpoint %s (kept in %s): the task could not be restored and has stopped: %w", meta.ID, dir, res.stopped)
 	}
 	log.G(ctx).WithFields(log.Fields{"checkpoint": meta.ID, "took": time.Since(start)}).Info("rolled back in place")
+	s.descend(ctx, c.id, meta)
 	return nil
 }

@@ -480,7 +480,8 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 		return nil, err
 	}
 	if dir := r.Annotations[checkpoint.RollbackKey]; dir != "" {
-		if err := s.rollbackInPlace(ctx, c, dir); err != nil {
+		force := r.Annotations[checkpoint.ForceForeignKey] == "true"
+		if err := s.rollbackInPlace(ctx, c, dir, force); err != nil {
 			return nil, errgrpc.ToGRPC(err)
 		}
 		return empty, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
@@ -41,9 +42,9 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 			return err
 		}
 		defer ctrd.Close()
-		c, err := ctrd.LoadContainer(ctx, args[0])
+		c, err := ckliteContainer(ctx, ctrd, args[0])
 		if err != nil {
-			return fmt.Errorf("container %s: %w", args[0], err)
+			return err
 		}
 		dir := *imagePath
 		if dir == "" {
@@ -98,6 +99,52 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		fmt.Fprintf(cli.stdout, "checkpoint %s (%s) of %s in %s\n", m.ID, m.Contents, c.ID(), took.Round(time.Millisecond))
 		return nil
 	}
+}
+
+// ckliteContainer loads container id and refuses it, before anything is asked of its task, unless
+// it runs on cklite's runtime.
+func ckliteContainer(ctx context.Context, ctrd *client.Client, id string) (client.Container, error) {
+	c, err := ctrd.LoadContainer(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", id, err)
+	}
+	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", id, err)
+	}
+	if err := checkpoint.CheckRuntime(id, info.Runtime.Name); err != nil {
+		// Under the runc name by path (docs/architecture.md) the record does not say which shim
+		// runs the task: the task's init, whose parent is its shim, does.
+		if shim := shimBinary(ctx, c); shim != "" && checkpoint.CheckRuntime(id, shim) == nil {
+			return c, nil
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// shimBinary is the path of the binary of the shim running c's task, or "" when that cannot be
+// told: no task, or its init not in this PID namespace. A shim is the parent of its task's init
+// (a child subreaper, also of a restored one).
+func shimBinary(ctx context.Context, c client.Container) string {
+	task, err := c.Task(ctx, nil)
+	if err != nil || task.Pid() == 0 {
+		return ""
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", task.Pid()))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if ppid, ok := strings.CutPrefix(line, "PPid:"); ok {
+			exe, err := os.Readlink(fmt.Sprintf("/proc/%s/exe", strings.TrimSpace(ppid)))
+			if err != nil {
+				return ""
+			}
+			return strings.TrimSuffix(exe, " (deleted)")
+		}
+	}
+	return ""
 }
 
 // setLabelsFor sets labels on c for the one checkpoint the shim reads them for, and returns what

@@ -22,7 +22,8 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	imagePath := fs.String("image-path", "", "restore from the CRIU image directory `DIR` (default: the one the checkpoint was taken into); CHECKPOINT may then be left out")
 	fs.StringVar(&opts.LogDir, "log-dir", "", "write each fork's stdout and stderr to `DIR`/ID.log (default: discard them)")
 	fs.IntVar(&opts.Parallel, "parallel", 4, "start up to `N` forks at once")
-	fs.BoolVar(&opts.CleanupOnError, "cleanup-on-error", false, "if a fork fails, remove the forks already started (by default they stay)")
+	fs.BoolVar(&opts.CleanupOnError, "cleanup-on-error", false, "if a fork fails, remove the forks started (by default they stay; a failed fork never stops the others)")
+	fs.BoolVar(&opts.Network, "network", false, "give each fork the checkpointed container's networks, with an address of its own, as nerdctl gives a new container (default: loopback only; needs a container nerdctl made)")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) > 1 || (len(args) == 0 && *imagePath == "") {
 			return fmt.Errorf("want one CHECKPOINT, or --image-path: %w", errdefs.ErrInvalidArgument)
@@ -54,17 +55,24 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		}
 
 		fmt.Fprintf(cli.stdout, "forking checkpoint %s into %s (images in %s)\n", src.Checkpoint.ID, forks(opts.Count), src.ImageDir)
-		opts.Progress = func(f fork.Fork) {
-			fmt.Fprintf(cli.stdout, "  %s running, restored in %s\n", f.ID, f.Took.Round(time.Millisecond))
+		opts.Progress = func(f fork.Fork, err error) {
+			if err != nil {
+				fmt.Fprintf(cli.stdout, "  %s failed: %v\n", f.Name, err)
+				return
+			}
+			fmt.Fprintf(cli.stdout, "  %s (%s) running, restored in %s\n", f.Name, f.ID[:12], f.Took.Round(time.Millisecond))
 		}
 		rep, err := fork.Run(ctx, ctrd, src, opts)
 		if err != nil {
+			if len(rep.Failed) > 0 {
+				fmt.Fprintf(cli.stderr, "%s of %d failed: %s\n", forks(len(rep.Failed)), opts.Count, strings.Join(rep.Failed, " "))
+			}
 			if len(rep.Removed) > 0 {
-				fmt.Fprintf(cli.stderr, "removed the %s started before the failure: %s\n", forks(len(rep.Removed)), strings.Join(rep.Removed, " "))
+				fmt.Fprintf(cli.stderr, "removed the %s started: %s\n", forks(len(rep.Removed)), strings.Join(rep.Removed, " "))
 			}
 			if len(rep.Forks) > 0 {
-				fmt.Fprintf(cli.stderr, "still running, started before the failure: %s (remove with nerdctl rm -f, or fork again with --cleanup-on-error)\n",
-					strings.Join(forkIDs(rep.Forks), " "))
+				fmt.Fprintf(cli.stderr, "still running: %s (remove with nerdctl rm -f, or fork again with --cleanup-on-error)\n",
+					strings.Join(forkNames(rep.Forks), " "))
 			}
 			return err
 		}
@@ -95,12 +103,12 @@ func forkSource(tree *checkpoint.Tree, args []string, imagePath string) (fork.So
 	return fork.SourceOf(n.Record, imagePath)
 }
 
-func forkIDs(forks []fork.Fork) []string {
-	ids := make([]string, len(forks))
+func forkNames(forks []fork.Fork) []string {
+	names := make([]string, len(forks))
 	for i, f := range forks {
-		ids[i] = f.ID
+		names[i] = f.Name
 	}
-	return ids
+	return names
 }
 
 func forks(n int) string {

@@ -15,6 +15,7 @@ import (
 
 func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	imagePath := fs.String("image-path", "", "roll back to the checkpoint in the CRIU image directory `DIR` (default: the one CHECKPOINT was taken into); CHECKPOINT may then be left out")
+	forceForeign := fs.Bool("force-foreign", false, "roll back even to a checkpoint outside the container's lineage (taken of another container that it was not forked or restored from): that container's memory and files replace this one's")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if len(args) < 1 || len(args) > 2 || (len(args) == 1 && *imagePath == "") {
 			return fmt.Errorf("want CONTAINER and CHECKPOINT, or CONTAINER and --image-path: %w", errdefs.ErrInvalidArgument)
@@ -24,9 +25,18 @@ func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error
 			return err
 		}
 		defer ctrd.Close()
+		if _, err := ckliteContainer(ctx, ctrd, args[0]); err != nil {
+			return err
+		}
 		src, err := forkSource(checkpoint.NewTree(records), args[1:], *imagePath)
 		if err != nil {
 			return err
+		}
+		// The shim, not the CLI, checks the checkpoint against the container's lineage: it must
+		// refuse whichever client asks.
+		annotations := map[string]string{checkpoint.RollbackKey: src.ImageDir}
+		if *forceForeign {
+			annotations[checkpoint.ForceForeignKey] = "true"
 		}
 		fmt.Fprintf(cli.stdout, "rolling %s back to checkpoint %s\n", args[0], src.Checkpoint.ID)
 		start := time.Now()
@@ -34,7 +44,7 @@ func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error
 		// containerd passes on unchanged.
 		_, err = ctrd.TaskService().Update(ctx, &tasks.UpdateTaskRequest{
 			ContainerID: args[0],
-			Annotations: map[string]string{checkpoint.RollbackKey: src.ImageDir},
+			Annotations: annotations,
 		})
 		if err != nil {
 			return fmt.Errorf("roll back %s: %w", args[0], errgrpc.ToNative(err))

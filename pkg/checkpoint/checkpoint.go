@@ -78,6 +78,9 @@ type Meta struct {
 	MemoryBytes int64     `json:"memoryBytes"` // size of the CRIU image files
 	Version     string    `json:"version"`     // the cklite that wrote it
 	Dump        DumpFlags `json:"dump,omitzero"`
+	// Lineage is the lineage of the container when it was checkpointed (see LineageKey): what a
+	// container restored from this checkpoint descends from, after the checkpoint itself.
+	Lineage string `json:"lineage,omitempty"`
 }
 
 // DumpFlags are the CRIU options the dump was taken with. CRIU's restore needs the same ones

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -43,4 +44,20 @@ func RequestedTTL(annotations, labels map[string]string) (ttl time.Duration, ok 
 		return 0, false, fmt.Errorf("%s=%q: want a positive duration such as 24h: %w", TTLKey, v, errdefs.ErrInvalidArgument)
 	}
 	return ttl, true, nil
+}
+
+// Runtime is the runtime of the containers cklite checkpoints, rolls back and forks. Another
+// runtime's shim does not know RollbackKey (the stock runc shim crashes on it and takes the
+// container with it) and writes no Meta.
+const Runtime = "io.containerd.cklite.v2"
+
+// CheckRuntime refuses container id when its runtime, as containerd records it (a name or the
+// shim binary's path), is not Runtime: errdefs.ErrNotImplemented naming what it runs on.
+func CheckRuntime(id, runtime string) error {
+	if runtime == Runtime || filepath.Base(runtime) == "containerd-shim-cklite-v2" {
+		return nil
+	}
+	return fmt.Errorf("container %s runs on %s; cklite checkpoints, rolls back and forks only containers of runtime %s "+
+		"(use the runtime's own checkpoint and restore, e.g. nerdctl checkpoint create, or recreate the container with --runtime %s): %w",
+		id, runtime, Runtime, Runtime, errdefs.ErrNotImplemented)
 }

@@ -25,7 +25,7 @@ func (f *fakeForker) exists(_ context.Context, id string) (bool, error) {
 	return slices.Contains(f.taken, id), nil
 }
 
-func (f *fakeForker) start(_ context.Context, id string) error {
+func (f *fakeForker) start(_ context.Context, id string) (Fork, error) {
 	f.mu.Lock()
 	f.active++
 	f.most = max(f.most, f.active)
@@ -35,10 +35,10 @@ func (f *fakeForker) start(_ context.Context, id string) error {
 	defer f.mu.Unlock()
 	f.active--
 	if slices.Contains(f.fail, id) {
-		return errors.New("criu failed")
+		return Fork{}, errors.New("criu failed")
 	}
 	f.started = append(f.started, id)
-	return nil
+	return Fork{ID: id, Name: id}, nil
 }
 
 func (f *fakeForker) remove(_ context.Context, id string) error {
@@ -60,6 +60,7 @@ func TestRun(t *testing.T) {
 		wantStarted []string
 		wantRunning []string // Report.Forks
 		wantRemoved []string
+		wantFailed  []string
 		isErr       func(error) bool
 		says        []string
 	}{
@@ -74,37 +75,41 @@ func TestRun(t *testing.T) {
 			isErr: errdefs.IsAlreadyExists, says: []string{"w-3 already exists"},
 		},
 		{
-			name:        "fork 3 fails: the two before it stay",
+			name:        "fork 3 fails: the others start and stay",
 			fake:        &fakeForker{fail: []string{"w-3"}},
-			wantStarted: names[:2], wantRunning: names[:2],
+			wantStarted: []string{"w-1", "w-2", "w-4"}, wantRunning: []string{"w-1", "w-2", "w-4"}, wantFailed: []string{"w-3"},
 			says: []string{"fork 3 of 4 (w-3): criu failed"},
 		},
 		{
-			name:        "fork 3 fails, cleanup: the two before it are removed",
+			name:        "forks 1 and 3 fail: each is reported",
+			fake:        &fakeForker{fail: []string{"w-1", "w-3"}},
+			wantStarted: []string{"w-2", "w-4"}, wantRunning: []string{"w-2", "w-4"}, wantFailed: []string{"w-1", "w-3"},
+			says: []string{"fork 1 of 4 (w-1): criu failed", "fork 3 of 4 (w-3): criu failed"},
+		},
+		{
+			name:        "fork 3 fails, cleanup: the others are removed",
 			fake:        &fakeForker{fail: []string{"w-3"}},
 			cleanup:     true,
-			wantStarted: names[:2], wantRemoved: names[:2],
+			wantStarted: []string{"w-1", "w-2", "w-4"}, wantRemoved: []string{"w-1", "w-2", "w-4"}, wantFailed: []string{"w-3"},
 			says: []string{"fork 3 of 4 (w-3): criu failed"},
 		},
 		{
 			name:        "cleanup cannot remove one: it stays and is named",
 			fake:        &fakeForker{fail: []string{"w-3"}, keep: []string{"w-1"}},
 			cleanup:     true,
-			wantStarted: names[:2], wantRunning: names[:1], wantRemoved: names[1:2],
+			wantStarted: []string{"w-1", "w-2", "w-4"}, wantRunning: names[:1], wantRemoved: []string{"w-2", "w-4"}, wantFailed: []string{"w-3"},
 			says: []string{"fork 3 of 4 (w-3): criu failed", "remove fork w-1: task busy"},
-		},
-		{
-			name:    "first fork fails, cleanup: nothing to remove",
-			fake:    &fakeForker{fail: []string{"w-1"}},
-			cleanup: true,
-			says:    []string{"fork 1 of 4 (w-1)"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var progress []string
 			rep, err := run(context.Background(), tc.fake, names, Options{
 				CleanupOnError: tc.cleanup,
-				Progress:       func(f Fork) { progress = append(progress, f.ID) },
+				Progress: func(f Fork, err error) {
+					if err == nil {
+						progress = append(progress, f.ID)
+					}
+				},
 			})
 			if len(tc.says) == 0 && err != nil {
 				t.Fatalf("run: %v", err)
@@ -130,6 +135,7 @@ func TestRun(t *testing.T) {
 				{"reported running", running, tc.wantRunning},
 				{"removed", tc.fake.removed, tc.wantRemoved},
 				{"reported removed", rep.Removed, tc.wantRemoved},
+				{"reported failed", rep.Failed, tc.wantFailed},
 			} {
 				if !reflect.DeepEqual(c.got, c.want) {
 					t.Errorf("%s: %v, want %v", c.what, c.got, c.want)
@@ -140,7 +146,7 @@ func TestRun(t *testing.T) {
 }
 
 // TestRunParallel starts forks several at a time: never more, in any order, reported in name
-// order; after a failure whatever started is removed with CleanupOnError.
+// order; a failure stops none of the others, and with CleanupOnError all that started are removed.
 func TestRunParallel(t *testing.T) {
 	names := []string{"p-1", "p-2", "p-3", "p-4", "p-5", "p-6", "p-7", "p-8"}
 	for _, parallel := range []int{2, 4} {
@@ -166,7 +172,7 @@ func TestRunParallel(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "fork 3 of 8 (p-3): criu failed") {
 		t.Fatalf("run error %v, want fork 3's", err)
 	}
-	if len(rep.Forks) != 0 || len(f.started) == 0 || len(f.started) > 7 {
+	if len(rep.Forks) != 0 || len(f.started) != 7 {
 		t.Fatalf("after the failure: %v still running, %v started", rep.Forks, f.started)
 	}
 	slices.Sort(f.started)

@@ -11,11 +11,9 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
-)
 
-// nerdctlName is the label holding the name nerdctl shows for a container; its id is a 64-digit
-// hex string nobody types.
-const nerdctlName = "nerdctl/name"
+	"github.com/cklite/cklite/pkg/checkpoint"
+)
 
 // DefaultPrefix is the prefix of the forks of c's checkpoints: its nerdctl name, or else its id,
 // then "-fork".
@@ -26,7 +24,7 @@ func DefaultPrefix(c containers.Container) string {
 	return c.ID + "-fork"
 }
 
-// Names are the container ids of n forks: prefix-1 ... prefix-n. An id containerd would refuse
+// Names are the names of n forks: prefix-1 ... prefix-n. A name containerd would refuse as an id
 // is an error before any fork is made.
 func Names(prefix string, n int) ([]string, error) {
 	if n < 1 {
@@ -42,28 +40,48 @@ func Names(prefix string, n int) ([]string, error) {
 	return names, nil
 }
 
-// specFor is the runtime spec of fork id, made from the original container's spec (its JSON,
+// specFor is the runtime spec of fork f, made from the original container's spec (its JSON,
 // decoded afresh for every fork so that no fork shares a slice or map with another):
 //
-//   - the cgroup is the fork's own: the last element of cgroupsPath becomes id, so the fork is
+//   - the cgroup is the fork's own: the last element of cgroupsPath becomes its id, so the fork is
 //     limited like the original but never counted with it (a restore into the original's cgroup
 //     while the original runs is what makes a stock restore fail as a second container);
 //   - the network namespace is new: a path to the original's (or its pod's) namespace is dropped.
 //     CRIU restores the processes, not the network devices, into it;
-//   - the hooks are dropped. In containerd's flows they are the CNI setup nerdctl installs
-//     (`nerdctl internal oci-hook`), which reads the original's network identity (name, IPs,
-//     ports, MAC, state directory) from the spec's annotations: run again for a fork they would
-//     claim the original's addresses. A fork therefore has loopback only, down, as after any
-//     CRIU restore into a new namespace;
-//   - the hostname stays: the restored processes already know it.
-func specFor(original []byte, id string) (*oci.Spec, error) {
+//   - without network, the hooks are dropped. In containerd's flows they are the CNI setup nerdctl
+//     installs (`nerdctl internal oci-hook`): the fork then has loopback only, up. With network
+//     they stay, and read the fork's identity from the annotations, rewritten as its labels
+//     (name, state directory, hostname; no fixed address, MAC or ports): nerdctl's CNI setup
+//     then gives the fork the original's networks and a new address, as a new container;
+//   - the bind mounts of /etc files from the original's directories come from the fork's copies
+//     (moved), and the hostname is the fork's.
+func specFor(original []byte, f identity, moved map[string]string, annotations map[string]string, network bool) (*oci.Spec, error) {
 	var s oci.Spec
 	if err := json.Unmarshal(original, &s); err != nil {
 		return nil, fmt.Errorf("spec of the original container: %w", err)
 	}
-	s.Hooks = nil
+	if !network {
+		s.Hooks = nil
+	}
+	if f.hostname != "" && s.Hostname != "" {
+		s.Hostname = f.hostname
+	}
+	for i, m := range s.Mounts {
+		if to, ok := moved[m.Source]; ok {
+			s.Mounts[i].Source = to
+		}
+	}
+	for k := range s.Annotations {
+		if strings.HasPrefix(k, nerdctlPrefix) {
+			if v, ok := annotations[k]; ok {
+				s.Annotations[k] = v
+			} else {
+				delete(s.Annotations, k)
+			}
+		}
+	}
 	if s.Linux != nil {
-		s.Linux.CgroupsPath = forkCgroupsPath(s.Linux.CgroupsPath, id)
+		s.Linux.CgroupsPath = forkCgroupsPath(s.Linux.CgroupsPath, f.id)
 		for i, ns := range s.Linux.Namespaces {
 			if ns.Type == specs.NetworkNamespace {
 				s.Linux.Namespaces[i].Path = ""
@@ -71,6 +89,20 @@ func specFor(original []byte, id string) (*oci.Spec, error) {
 		}
 	}
 	return &s, nil
+}
+
+// ownUTS reports whether the spec gives the container a UTS namespace of its own, whose
+// hostname a fork may set.
+func ownUTS(s *oci.Spec) bool {
+	if s.Linux == nil {
+		return false
+	}
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.UTSNamespace {
+			return ns.Path == ""
+		}
+	}
+	return false
 }
 
 // forkCgroupsPath replaces the container's own element of a cgroups path with id: the last one
@@ -88,16 +120,36 @@ func forkCgroupsPath(path, id string) string {
 	return path[:i+1] + id
 }
 
-// labelsFor is the labels of a fork: the original's, minus those by which nerdctl manages the
-// original. nerdctl acts on them: `nerdctl rm` of a container carrying the original's
-// nerdctl/state-dir, nerdctl/name or nerdctl/anonymous-volumes would delete the original's state
-// directory (its hosts and resolv.conf), free its name or remove its volumes, and nerdctl compose
-// would count the fork as a replica of the original's service. Without them nerdctl lists, stops
-// and removes a fork as a container it did not create, by id.
-func labelsFor(original map[string]string) map[string]string {
+// labelsFor is the labels of fork f in namespace ns: the original's, minus nerdctl's and
+// compose's (nerdctl acts on them: `nerdctl rm` of a container carrying the original's
+// nerdctl/state-dir or nerdctl/anonymous-volumes would delete the original's state directory or
+// volumes, and compose would count the fork as a replica of the original's service), plus the
+// fork's own nerdctl identity: its name and namespace and, for a fork of a nerdctl container,
+// its state directory, hostname, networks ("none" unless network) and the original's
+// keptNerdctlLabels.
+func labelsFor(original map[string]string, f identity, ns string, network bool) map[string]string {
 	labels := maps.Clone(original)
+	if labels == nil {
+		labels = map[string]string{}
+	}
 	maps.DeleteFunc(labels, func(k, _ string) bool {
-		return strings.HasPrefix(k, "nerdctl/") || strings.HasPrefix(k, "com.docker.compose.")
+		return strings.HasPrefix(k, nerdctlPrefix) || strings.HasPrefix(k, "com.docker.compose.") || k == checkpoint.LineageKey
 	})
+	labels[nerdctlName] = f.name
+	labels[nerdctlNamespace] = ns
+	if f.store == nil {
+		return labels
+	}
+	labels[nerdctlStateDir] = f.store.stateDir(f.id)
+	labels[nerdctlHostname] = f.hostname
+	labels[nerdctlNetworks] = `["none"]`
+	if network && original[nerdctlNetworks] != "" {
+		labels[nerdctlNetworks] = original[nerdctlNetworks]
+	}
+	for _, k := range keptNerdctlLabels {
+		if v, ok := original[k]; ok {
+			labels[k] = v
+		}
+	}
 	return labels
 }

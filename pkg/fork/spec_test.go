@@ -35,10 +35,39 @@ func nerdctlSpec() *oci.Spec {
 
 func TestSpecFor(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		edit func(*oci.Spec) // of the original
-		want func(*oci.Spec) // of the fork, from the original after edit
+		name     string
+		edit     func(*oci.Spec) // of the original
+		want     func(*oci.Spec) // of the fork, from the original after edit
+		network  bool
+		hostname string
+		moved    map[string]string
 	}{
+		{
+			name:    "network: nerdctl's hooks stay",
+			network: true,
+			want: func(s *oci.Spec) {
+				s.Linux.CgroupsPath = "/default/web-fork-1"
+				s.Linux.Namespaces[1].Path = ""
+			},
+		},
+		{
+			name:     "own /etc files and hostname",
+			hostname: "0a1b2c3d4e5f",
+			moved:    map[string]string{"/nd/containers/default/0f1e2d/resolv.conf": "/nd/containers/default/web-fork-1/resolv.conf"},
+			edit: func(s *oci.Spec) {
+				s.Mounts = []specs.Mount{
+					{Destination: "/etc/resolv.conf", Source: "/nd/containers/default/0f1e2d/resolv.conf", Type: "bind"},
+					{Destination: "/data", Source: "/srv/data", Type: "bind"},
+				}
+			},
+			want: func(s *oci.Spec) {
+				s.Hooks = nil
+				s.Hostname = "0a1b2c3d4e5f"
+				s.Mounts[0].Source = "/nd/containers/default/web-fork-1/resolv.conf"
+				s.Linux.CgroupsPath = "/default/web-fork-1"
+				s.Linux.Namespaces[1].Path = ""
+			},
+		},
 		{
 			name: "nerdctl container: own cgroup and netns, no hooks, the rest kept",
 			want: func(s *oci.Spec) {
@@ -96,7 +125,8 @@ func TestSpecFor(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := specFor(data, "web-fork-1")
+			f := identity{id: "web-fork-1", hostname: tc.hostname}
+			got, err := specFor(data, f, tc.moved, map[string]string{"nerdctl/name": "web-fork-1"}, tc.network)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,6 +135,9 @@ func TestSpecFor(t *testing.T) {
 				tc.edit(want)
 			}
 			tc.want(want)
+			if want.Annotations != nil {
+				want.Annotations["nerdctl/name"] = "web-fork-1"
+			}
 			if !reflect.DeepEqual(got, want) {
 				g, _ := json.MarshalIndent(got, "", " ")
 				w, _ := json.MarshalIndent(want, "", " ")
@@ -112,7 +145,7 @@ func TestSpecFor(t *testing.T) {
 			}
 		})
 	}
-	if _, err := specFor([]byte("{"), "x"); err == nil {
+	if _, err := specFor([]byte("{"), identity{id: "x"}, nil, nil, false); err == nil {
 		t.Fatal("a spec that does not decode gave no error")
 	}
 }
@@ -165,23 +198,55 @@ func TestLabelsFor(t *testing.T) {
 	original := map[string]string{
 		"nerdctl/name":                           "web",
 		"nerdctl/hostname":                       "web",
-		"nerdctl/state-dir":                      "/var/lib/nerdctl/1935db59/containers/default/0f1e2d",
+		"nerdctl/state-dir":                      "/nd/containers/default/0f1e2d",
 		"nerdctl/anonymous-volumes":              `["abc"]`,
+		"nerdctl/ip":                             "10.4.0.7",
+		"nerdctl/networks":                       `["bridge"]`,
+		"nerdctl/log-uri":                        "binary:///usr/local/bin/nerdctl?_NERDCTL_INTERNAL_LOGGING=/nd",
 		"com.docker.compose.service":             "web",
+		"cklite.io/lineage":                      "0123456789ab",
 		"io.containerd.image.config.stop-signal": "SIGTERM",
 		"app":                                    "agent",
 		"nerdctl-like/kept":                      "yes",
 	}
-	want := map[string]string{
+	common := map[string]string{
 		"io.containerd.image.config.stop-signal": "SIGTERM",
 		"app":                                    "agent",
 		"nerdctl-like/kept":                      "yes",
+		"nerdctl/name":                           "web-fork-1",
+		"nerdctl/namespace":                      "default",
 	}
-	before := maps.Clone(original)
-	if got := labelsFor(original); !maps.Equal(got, want) {
-		t.Fatalf("fork labels %v, want %v", got, want)
+	store := &nerdctlStore{dataStore: "/nd", namespace: "default"}
+	for _, tc := range []struct {
+		name    string
+		f       identity
+		network bool
+		want    map[string]string
+	}{
+		{"not nerdctl's: a name only", identity{id: "f1", name: "web-fork-1"}, false, common},
+		{"nerdctl's: own state, no network", identity{id: "f1", name: "web-fork-1", hostname: "f1", store: store}, false, with(common, map[string]string{
+			"nerdctl/state-dir": "/nd/containers/default/f1", "nerdctl/hostname": "f1", "nerdctl/networks": `["none"]`,
+			"nerdctl/log-uri": original["nerdctl/log-uri"],
+		})},
+		{"nerdctl's, network: the original's networks, not its address", identity{id: "f1", name: "web-fork-1", hostname: "f1", store: store}, true, with(common, map[string]string{
+			"nerdctl/state-dir": "/nd/containers/default/f1", "nerdctl/hostname": "f1", "nerdctl/networks": `["bridge"]`,
+			"nerdctl/log-uri": original["nerdctl/log-uri"],
+		})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := maps.Clone(original)
+			if got := labelsFor(original, tc.f, "default", tc.network); !maps.Equal(got, tc.want) {
+				t.Fatalf("fork labels %v, want %v", got, tc.want)
+			}
+			if !maps.Equal(original, before) {
+				t.Fatalf("the original's labels changed: %v", original)
+			}
+		})
 	}
-	if !maps.Equal(original, before) {
-		t.Fatalf("the original's labels changed: %v", original)
-	}
+}
+
+func with(a, b map[string]string) map[string]string {
+	m := maps.Clone(a)
+	maps.Copy(m, b)
+	return m
 }

@@ -49,11 +49,20 @@ func readCRIUStats(work string) (criuStats, error) {
 // workDir is where checkpoint i of container id has CRIU write its logs and stats: outside the
 // image directory, so that it is not counted as the checkpoint's disk use. It is created here,
 // as runc's --work-path is, and removed with removeWorkDirs.
-func (e *env) workDir(id string, i int) (string, error) {
+func (e *daemon) workDir(id string, i int) (string, error) {
 	dir := filepath.Join(e.d.Dir, "criu-work", id, fmt.Sprint(i))
 	return dir, os.MkdirAll(dir, 0o700)
 }
 
-func (e *env) removeWorkDirs(id string) error {
+func (e *daemon) removeWorkDirs(id string) error {
 	return os.RemoveAll(filepath.Join(e.d.Dir, "criu-work", id))
+}
+
+// criuStats reads the stats of checkpoint i of container id.
+func (e *daemon) criuStats(id string, i int) (criuStats, error) {
+	work, err := e.workDir(id, i)
+	if err != nil {
+		return criuStats{}, err
+	}
+	return readCRIUStats(work)
 }

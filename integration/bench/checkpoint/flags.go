@@ -21,7 +21,14 @@ type options struct {
 	agentMemMB         int // the python agent sandbox's memory; with agentFiles 0 the workload is left out
 	agentFiles         int
 	tree               treeConfig // expansions 0: left out
+	only               string     // the one workload to run; "" for all
 }
+
+// workloads are the names -only takes, in the order they run.
+var workloads = []string{"idle", "memory", "filesystem", "agent", "fan-out", "tree"}
+
+// runs says whether workload w runs: all do unless -only names another.
+func (o options) runs(w string) bool { return o.only == "" || o.only == w }
 
 // modes are the presets -full picks from; a flag given on the command line wins over its preset.
 // The quick mode keeps `make bench` within 10 minutes on 2 cores: the tree search runs the
@@ -43,6 +50,12 @@ var modes = map[string]map[string]string{
 func parseOptions(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of bench (make bench, BENCH_ARGS for these):\n")
+		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\nExit status: 0 every operation succeeded; %d some failed, the results of the others complete\n"+
+			"(failures.csv); 1 the run stopped (set-up failed, interrupted; the workloads finished are written); 2 usage.\n", exitFailures)
+	}
 	full := fs.Bool("full", false, "full mode: memory 0/256/1024 MB, rootfs 0/200/1000 MB, 1/10/100 forks, the tree search on the python sandbox (default: quick mode, 7-9 minutes here)")
 	fs.StringVar(&o.out, "out", "", "results `DIR` (default bench-results/TIME)")
 	lists := map[string]*string{}
@@ -57,6 +70,7 @@ func parseOptions(args []string) (options, error) {
 	} {
 		lists[f.name] = fs.String(f.name, "", f.usage+"; default: the mode's")
 	}
+	fs.StringVar(&o.only, "only", "", "run only `WORKLOAD`: "+strings.Join(workloads, ", ")+" (default all)")
 	only := fs.String("systems", "", "measure only `SYSTEM` (cklite or stock); default both, taking turns")
 	fs.IntVar(&o.checkpoints, "checkpoints", 8, "checkpoints per workload and system")
 	fs.IntVar(&o.rolls, "rollbacks", 4, "rollbacks per workload and system")
@@ -73,6 +87,9 @@ func parseOptions(args []string) (options, error) {
 			return o, fmt.Errorf("-systems %q: want cklite or stock", *only)
 		}
 		o.systems = []string{*only}
+	}
+	if o.only != "" && !slices.Contains(workloads, o.only) {
+		return o, fmt.Errorf("-only %q: want one of %s", o.only, strings.Join(workloads, ", "))
 	}
 	o.mode = "quick"
 	if *full {
@@ -136,23 +153,26 @@ func parseList(name, s string) ([]int, error) {
 
 // needsSandbox says whether a workload runs the python agent, whose image is imported then.
 func (o options) needsSandbox() bool {
-	return o.agentFiles > 0 || (o.tree.expansions > 0 && o.tree.agent == pythonAgent)
+	return (o.runs("agent") && o.agentFiles > 0) || (o.runs("tree") && o.tree.expansions > 0 && o.tree.agent == pythonAgent)
 }
 
 // series lists the checkpoint/rollback workloads o selects, in the order they run.
 func (o options) series() []series {
-	all := []series{{workload: "idle", param: "busybox counter", agent: busyboxAgent}}
+	var all []series
+	if o.runs("idle") {
+		all = append(all, series{workload: "idle", param: "busybox counter", agent: busyboxAgent})
+	}
 	for _, mb := range o.memMB {
-		if mb > 0 {
+		if mb > 0 && o.runs("memory") {
 			all = append(all, series{workload: "memory", param: fmt.Sprintf("%d MB", mb), agent: busyboxAgent, memMB: mb})
 		}
 	}
 	for _, mb := range o.rootfsMB {
-		if mb > 0 {
+		if mb > 0 && o.runs("filesystem") {
 			all = append(all, series{workload: "filesystem", param: fmt.Sprintf("%d MB + 1 MB/ckpt", mb), agent: busyboxAgent, rootfsMB: mb})
 		}
 	}
-	if o.agentFiles > 0 {
+	if o.agentFiles > 0 && o.runs("agent") {
 		all = append(all, series{workload: "agent", param: fmt.Sprintf("python, %d MB, %d files", o.agentMemMB, o.agentFiles),
 			agent: pythonAgent, memMB: o.agentMemMB, files: o.agentFiles})
 	}

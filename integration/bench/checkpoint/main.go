@@ -17,8 +17,14 @@
 // directory each checkpoint names), rollback latency, fork latency each and in total, disk growth
 // over the checkpoints (in all, of filesystem state, with dedup), peak RSS of the shims and of
 // cklite-snapshotter, and how many restores were verified. It prints a table with the
-// cklite/stock ratio and writes results.csv, results.md and SVG charts into -out. The quick mode
-// (default) takes about 9 minutes on 2 cores; -full runs every size the issue names.
+// cklite/stock ratio and writes results.csv, results.md, SVG charts and the log into -out. The quick mode
+// (default) takes about 9 minutes on 2 cores; -full runs every size the issue names; -only runs
+// one workload.
+//
+// A failed operation does not end the run (issue 21): it is recorded in failures.csv and in the
+// table's failed and retried columns, and the exit status says whether every operation
+// succeeded (failures.go). The results are rewritten after each workload, so an interrupted run
+// leaves what it measured.
 //
 // It lives next to the harness rather than in the cklite CLI: it starts its own containerd from
 // the installed stack and the checkout's bin/, and builds its probe with the Go toolchain, which
@@ -30,6 +36,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -49,6 +56,12 @@ const (
 	probePackage      = "github.com/cklite/cklite/integration/bench/checkpoint/probe"
 )
 
+// Exit statuses: 0 when every operation succeeded; exitFailures when some failed but the run
+// completed and its results are written (failures.csv lists them); 1 when the run itself could
+// not go on (setting up, an interrupt: the results of the workloads finished are written); 2 for
+// a bad command line.
+const exitFailures = 3
+
 func main() {
 	o, err := parseOptions(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -60,100 +73,140 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
-		os.Exit(1)
+	failed, err := run(ctx, o)
+	switch {
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "bench: %v (the results of the workloads finished are in %s)\n", err, o.out)
+	case failed > 0:
+		fmt.Fprintf(os.Stderr, "bench: %d operations failed (failures.csv in %s); the results of the others are complete\n", failed, o.out)
 	}
+	os.Exit(exitStatus(failed, err))
 }
 
-// env is what every workload needs: the daemon, its client context, the image.
+// exitStatus is the benchmark's exit status after a run in which failed operations failed and
+// which ended with err.
+func exitStatus(failed int, err error) int {
+	switch {
+	case err != nil:
+		return 1
+	case failed > 0:
+		return exitFailures
+	}
+	return 0
+}
+
+// env is what every workload needs: the systems under test, the run's context and its record of
+// failures, and where progress goes (stdout and the log in the results directory).
 type env struct {
-	d       *harness.Daemon
-	ctx     context.Context // in the daemon's namespace
-	img     client.Image    // busybox with the probe
-	sandbox client.Image    // the debootstrap + python3 sandbox, for the python agent
+	ctx     context.Context
+	systems map[string]system
+	rec     *recorder
+	log     io.Writer
 	started time.Time
-	snapPID int // cklite-snapshotter's, found on first use
 }
 
 // progress prints a line with the time since the benchmark started.
 func (e *env) progress(format string, args ...any) {
-	fmt.Printf("[%4.0fs] %s\n", time.Since(e.started).Seconds(), fmt.Sprintf(format, args...))
+	fmt.Fprintf(e.log, "[%4.0fs] %s\n", time.Since(e.started).Seconds(), fmt.Sprintf(format, args...))
 }
 
-func run(ctx context.Context, o options) (retErr error) {
-	systems = o.systems
+// run starts the harness's containerd with both systems and runs the benchmark on them; it
+// returns how many operations failed.
+func run(ctx context.Context, o options) (failed int, retErr error) {
 	started := time.Now()
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
-		return err
+		return 0, err
 	}
+	logFile, err := os.Create(filepath.Join(o.out, "bench.log"))
+	if err != nil {
+		return 0, err
+	}
+	defer logFile.Close()
+	log := io.MultiWriter(os.Stdout, logFile)
 	bb, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	d, criu, err := harness.StartWithCklite(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer func() {
 		if err := d.Close(context.WithoutCancel(ctx)); err != nil {
 			retErr = errors.Join(retErr, fmt.Errorf("cleaning up: %w", err))
 		}
 	}()
-	e := &env{d: d, ctx: d.Context(ctx), started: started}
+	dm := &daemon{d: d, ctx: d.Context(ctx)}
+	e := &env{ctx: dm.ctx, systems: dm.systems(), rec: &recorder{}, log: log, started: started}
 	// The probe and the image holding it live in the daemon's directory, gone with it.
-	if e.img, err = e.buildImage(bb, filepath.Join(d.Dir, "bench-image")); err != nil {
-		return err
+	if dm.img, err = dm.buildImage(bb, filepath.Join(d.Dir, "bench-image")); err != nil {
+		return 0, err
 	}
 	if o.needsSandbox() {
 		e.progress("importing the python sandbox image into both snapshotters")
 		sb, err := localimage.Sandbox(ctx, localimage.CacheDir(), os.Stderr)
 		if err != nil {
-			return err
+			return 0, err
 		}
-		if e.sandbox, err = d.ImportUnpacked(e.ctx, sb, ckliteSnapshotter, "overlayfs"); err != nil {
-			return err
+		if dm.sandbox, err = d.ImportUnpacked(dm.ctx, sb, ckliteSnapshotter, "overlayfs"); err != nil {
+			return 0, err
 		}
 	}
-	version, err := d.Client().Version(e.ctx)
+	version, err := d.Client().Version(dm.ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	fmt.Printf("cklite bench (%s): containerd %s in %s, CRIU %s\n  cklite: %s on cklite-snapshotter\n  stock:  %s on overlayfs\n"+
+	fmt.Fprintf(log, "cklite bench (%s): containerd %s in %s, CRIU %s\n  cklite: %s on cklite-snapshotter\n  stock:  %s on overlayfs\n"+
 		"  %d checkpoints and %d rollbacks per workload and system; systems take turns\n\n",
 		o.mode, version.Version, d.Dir, criu, harness.CkliteRuntime, runcRuntime, o.checkpoints, o.rolls)
+	err = e.runAll(o)
+	failed, _ = e.rec.tally()
+	return failed, err
+}
 
-	all := o.series()
-	res := map[series]map[string]*measured{}
-	for _, s := range all {
+// runAll runs the workloads o selects on e's systems, writing every result into o.out after each
+// workload, so that an interrupted run leaves what it measured. An operation's failure does not
+// stop it (see failures.go); an interrupt or a failure of the benchmark itself does.
+func (e *env) runAll(o options) error {
+	systems = o.systems
+	r := results{bySeries: map[series]map[string]*measured{}, rec: e.rec}
+	write := func(final bool) error { return writeResults(e.log, o, r, time.Since(e.started), final) }
+	for _, s := range o.series() {
 		e.progress("=== %s: %s ===", s.workload, s.param)
-		r, err := e.runSeries(s, o.checkpoints, o.rolls)
+		m, err := e.runSeries(s, o.checkpoints, o.rolls)
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", s.workload, s.param, err)
+			return errors.Join(fmt.Errorf("%s %s: %w", s.workload, s.param, err), write(true))
 		}
-		res[s] = r
+		r.series, r.bySeries[s] = append(r.series, s), m
+		if err := write(false); err != nil {
+			return err
+		}
 	}
-	var fanout map[int]map[string]*measured
-	if len(o.forks) > 0 {
+	if o.runs("fan-out") && len(o.forks) > 0 {
 		e.progress("=== fan-out: %v forks of one checkpoint ===", o.forks)
-		if fanout, err = e.runFanout(o.forks); err != nil {
-			return fmt.Errorf("fan-out: %w", err)
+		fanout, err := e.runFanout(o.forks)
+		if err != nil {
+			return errors.Join(fmt.Errorf("fan-out: %w", err), write(true))
+		}
+		r.fanout = fanout
+		if err := write(false); err != nil {
+			return err
 		}
 	}
-	var tree map[string]*measured
-	if o.tree.expansions > 0 {
+	if o.runs("tree") && o.tree.expansions > 0 {
 		e.progress("=== tree search: %d expansions, %d rollbacks, depth %d ===", o.tree.expansions, o.tree.rollbacks, o.tree.maxDepth)
-		if tree, err = e.runTree(o.tree); err != nil {
-			return fmt.Errorf("tree search: %w", err)
+		tree, err := e.runTree(o.tree)
+		if err != nil {
+			return errors.Join(fmt.Errorf("tree search: %w", err), write(true))
 		}
+		r.tree, r.treeParam = tree, treeParam(o.tree)
 	}
-	took := time.Since(started)
-	return writeResults(o, results{series: all, bySeries: res, fanout: fanout, tree: tree}, took)
+	return write(true)
 }
 
 // buildImage builds the probe static and the busybox image with it as /usr/local/bin/probe, and
 // imports and unpacks that image into both snapshotters.
-func (e *env) buildImage(bb localimage.Image, dir string) (client.Image, error) {
+func (e *daemon) buildImage(bb localimage.Image, dir string) (client.Image, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/csv"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cklite/cklite/integration/bench/report"
@@ -21,6 +23,9 @@ type results struct {
 	bySeries map[series]map[string]*measured
 	fanout   map[int]map[string]*measured
 	tree     map[string]*measured // nil when left out
+	// treeParam names the tree search's row group.
+	treeParam string
+	rec       *recorder
 }
 
 // metric is one row of the table, computed for each system.
@@ -96,22 +101,31 @@ func diskMetrics(k int) []metric {
 	}
 }
 
-func verified(n int) metric {
-	return metric{fmt.Sprintf("restores verified (of %d)", n), "ok", func(m *measured) float64 { return float64(m.verified) }}
+// restoreMetrics count the restores (rollbacks, forks) that were made and those verified.
+var restoreMetrics = []metric{
+	{"restores made", "", func(m *measured) float64 { return float64(m.restores) }},
+	{"restores verified", "", func(m *measured) float64 { return float64(m.verified) }},
 }
 
-// rows turns the measurements into the table's rows, per workload in the order run.
+// rows turns the measurements into the table's rows, per workload in the order run, each with
+// its workload's failed and retried operations; a workload with failures but no measurement
+// (its container never checkpointed, say) gets a row of its own.
 func rows(r results, k int) []report.Row {
 	var out []report.Row
+	counts := r.rec.counts()
+	shown := map[where]bool{}
 	add := func(w, p string, by map[string]*measured, ms ...metric) {
+		c := counts[where{w, p}]
+		shown[where{w, p}] = true
 		for _, mt := range ms {
 			v := func(sys string) float64 {
-				if by[sys] == nil { // left out with -systems
+				if by[sys] == nil { // left out with -systems, or failed to start
 					return math.NaN()
 				}
 				return mt.f(by[sys])
 			}
-			out = append(out, report.Row{Workload: w, Param: p, Metric: mt.name, Unit: mt.unit, Cklite: v("cklite"), Stock: v("stock")})
+			out = append(out, report.Row{Workload: w, Param: p, Metric: mt.name, Unit: mt.unit, Cklite: v("cklite"), Stock: v("stock"),
+				Failed: [2]int{c["cklite"][0], c["stock"][0]}, Retried: [2]int{c["cklite"][1], c["stock"][1]}})
 		}
 	}
 	for _, s := range r.series {
@@ -123,20 +137,23 @@ func rows(r results, k int) []report.Row {
 		add(s.workload, s.param, by, criuMetrics...)
 		add(s.workload, s.param, by, diskMetrics(k)...)
 		add(s.workload, s.param, by, memoryMetrics...)
-		add(s.workload, s.param, by, verified(by[systems[0]].restores))
+		add(s.workload, s.param, by, restoreMetrics...)
 	}
 	for _, n := range sortedKeys(r.fanout) {
 		by, p := r.fanout[n], fmt.Sprintf("%d forks", n)
 		add("fan-out", p, by,
 			metric{"fork each p50", "ms", p50(func(m *measured) []time.Duration { return m.forkEach })},
-			metric{"fork total", "ms", func(m *measured) float64 { return msOf(m.forkTotal) }},
+			metric{"fork total", "ms", func(m *measured) float64 { return orNaN(msOf(m.forkTotal)) }},
 			metric{"disk per fork", "KiB", func(m *measured) float64 { return float64(m.diskBytes) / 1024 }},
-			memoryMetrics[0], verified(n))
+			memoryMetrics[0])
+		add("fan-out", p, by, restoreMetrics...)
 	}
 	if r.tree != nil {
-		by := r.tree
-		first := by[systems[0]]
-		p := fmt.Sprintf("%d nodes, %d rollbacks", len(first.checkpoint), len(first.rollback))
+		by, p := r.tree, r.treeParam
+		checkpoints := 0
+		for _, m := range by {
+			checkpoints = max(checkpoints, len(m.checkpoint))
+		}
 		add("tree search", p, by,
 			metric{"C/R overhead total", "ms", func(m *measured) float64 { return msOf(m.overhead()) }},
 			metric{"checkpoints total", "ms", func(m *measured) float64 { return msOf(sum(m.checkpoint)) }},
@@ -145,9 +162,14 @@ func rows(r results, k int) []report.Row {
 			metric{"agent + host work total", "ms", func(m *measured) float64 { return msOf(m.work) }},
 			metric{"verification total", "ms", func(m *measured) float64 { return msOf(m.verify) }})
 		add("tree search", p, by, criuMetrics[0], criuMetrics[1], criuMetrics[4])
-		add("tree search", p, by, diskMetrics(len(first.checkpoint))...)
+		add("tree search", p, by, diskMetrics(checkpoints)...)
 		add("tree search", p, by, memoryMetrics...)
-		add("tree search", p, by, verified(first.restores))
+		add("tree search", p, by, restoreMetrics...)
+	}
+	for _, w := range r.rec.places() {
+		if !shown[w] {
+			add(w.workload, w.param, nil, metric{"(nothing measured)", "", nil})
+		}
 	}
 	return out
 }
@@ -173,6 +195,9 @@ func latencyChart(title, xlabel, w string, size func(series) int, r results) rep
 					continue
 				}
 				m := r.bySeries[se][sys]
+				if m == nil {
+					continue
+				}
 				ds := m.checkpoint
 				if metric == "rollback" {
 					ds = m.rollback
@@ -191,7 +216,9 @@ func fanoutChart(fanout map[int]map[string]*measured) report.Chart {
 	for _, sys := range systems {
 		s := report.Series{Name: sys}
 		for _, n := range sortedKeys(fanout) {
-			s.Points = append(s.Points, report.Point{X: float64(n), Y: msOf(fanout[n][sys].forkTotal)})
+			if m := fanout[n][sys]; m != nil && m.forkTotal > 0 {
+				s.Points = append(s.Points, report.Point{X: float64(n), Y: msOf(m.forkTotal)})
+			}
 		}
 		c.Series = append(c.Series, s)
 	}
@@ -209,6 +236,9 @@ func diskChart(r results) report.Chart {
 		}
 	}
 	add := func(name string, m *measured, dashed bool) {
+		if m == nil {
+			return
+		}
 		s := report.Series{Name: name, Dashed: dashed}
 		for i, d := range m.diskAfter {
 			s.Points = append(s.Points, report.Point{X: float64(i + 1), Y: mibOf(d)})
@@ -232,6 +262,9 @@ func treeBars(tree map[string]*measured) report.Bars {
 		Groups: systems, Stacks: []string{"checkpoints", "rollbacks", "agent + host work", "verification"}}
 	for _, sys := range systems {
 		m := tree[sys]
+		if m == nil {
+			m = &measured{}
+		}
 		b.Values = append(b.Values, []float64{sum(m.checkpoint).Seconds(), sum(m.rollback).Seconds(), m.work.Seconds(), m.verify.Seconds()})
 	}
 	return b
@@ -240,25 +273,33 @@ func treeBars(tree map[string]*measured) report.Bars {
 // svgWriter is a line chart or a bar chart.
 type svgWriter interface{ SVG(io.Writer) error }
 
-// writeResults prints the table and writes it as CSV and Markdown, with the charts, into o.out.
-func writeResults(o options, r results, took time.Duration) error {
+// writeResults prints the table to log and writes it as CSV and Markdown, with the charts and
+// the failures, into o.out. It runs after every workload: each file is replaced whole (written
+// aside, then renamed), so that a run killed at any point leaves the last complete set. The
+// final call prints the table and what was written too.
+func writeResults(log io.Writer, o options, r results, took time.Duration, final bool) error {
 	rs := rows(r, o.checkpoints)
-	fmt.Printf("\nResults (cklite/stock: below 1x cklite takes less time or space), %s in all:\n\n", took.Round(time.Second))
-	if err := report.Table(os.Stdout, rs); err != nil {
-		return err
+	if final {
+		fmt.Fprintf(log, "\nResults (cklite/stock: below 1x cklite takes less time or space; failed and retried operations, cklite / stock), %s in all:\n\n", took.Round(time.Second))
+		if err := report.Table(log, rs); err != nil {
+			return err
+		}
 	}
-	var csvBuf, mdBuf bytes.Buffer
+	var csvBuf, mdBuf, failBuf bytes.Buffer
 	if err := report.CSV(&csvBuf, rs); err != nil {
 		return err
 	}
 	if err := report.Markdown(&mdBuf, rs); err != nil {
 		return err
 	}
-	files := map[string][]byte{"results.csv": csvBuf.Bytes(), "results.md": mdBuf.Bytes()}
-	charts := map[string]svgWriter{
-		"latency-vs-memory.svg":   latencyChart("Checkpoint and rollback vs memory held", "memory held (MB)", "memory", func(s series) int { return s.memMB }, r),
-		"latency-vs-rootfs.svg":   latencyChart("Checkpoint and rollback vs data in the rootfs", "written to the rootfs (MB)", "filesystem", func(s series) int { return s.rootfsMB }, r),
-		"disk-vs-checkpoints.svg": diskChart(r),
+	if err := writeFailures(&failBuf, r.rec); err != nil {
+		return err
+	}
+	files := map[string][]byte{"results.csv": csvBuf.Bytes(), "results.md": mdBuf.Bytes(), "failures.csv": failBuf.Bytes()}
+	charts := map[string]svgWriter{"disk-vs-checkpoints.svg": diskChart(r)}
+	if len(r.series) > 0 {
+		charts["latency-vs-memory.svg"] = latencyChart("Checkpoint and rollback vs memory held", "memory held (MB)", "memory", func(s series) int { return s.memMB }, r)
+		charts["latency-vs-rootfs.svg"] = latencyChart("Checkpoint and rollback vs data in the rootfs", "written to the rootfs (MB)", "filesystem", func(s series) int { return s.rootfsMB }, r)
 	}
 	if len(r.fanout) > 0 {
 		charts["fork-total-vs-n.svg"] = fanoutChart(r.fanout)
@@ -266,23 +307,56 @@ func writeResults(o options, r results, took time.Duration) error {
 	if r.tree != nil {
 		charts["tree-breakdown.svg"] = treeBars(r.tree)
 	}
+	var names []string
 	for name, c := range charts {
 		var b bytes.Buffer
 		if err := c.SVG(&b); err != nil {
 			return err
 		}
 		files[name] = b.Bytes()
+		names = append(names, name)
 	}
 	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(o.out, name), data, 0o644); err != nil {
+		if err := writeAtomic(filepath.Join(o.out, name), data); err != nil {
 			return err
 		}
 	}
-	abs, _ := filepath.Abs(o.out)
-	fmt.Printf("\nWritten to %s: results.csv, results.md, and the charts", abs)
-	for name := range charts {
-		fmt.Printf(" %s", name)
+	if !final {
+		return nil
 	}
-	fmt.Println()
+	slices.Sort(names)
+	failed, retried := r.rec.tally()
+	abs, _ := filepath.Abs(o.out)
+	fmt.Fprintf(log, "Written to %s: results.csv, results.md, failures.csv (%d failed, %d retried), bench.log and the charts %s\n",
+		abs, failed, retried, strings.Join(names, " "))
 	return nil
+}
+
+// writeFailures writes every failed or retried operation as CSV: which system, workload and
+// step, the error that remained ("" when the retry succeeded) and the transient error that was
+// retried ("" without a retry).
+func writeFailures(w io.Writer, rec *recorder) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"system", "workload", "param", "step", "error", "retried_after"})
+	text := func(err error) string {
+		if err == nil {
+			return ""
+		}
+		return err.Error()
+	}
+	for _, f := range rec.all {
+		_ = cw.Write([]string{f.system, f.workload, f.param, f.step, text(f.err), text(f.retried)})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// writeAtomic replaces name with data: a reader, or a run killed meanwhile, sees the old file or
+// the new one, never half of one.
+func writeAtomic(name string, data []byte) error {
+	tmp := name + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, name)
 }

@@ -12,7 +12,7 @@ import (
 
 // shimPeak is the peak resident memory (VmHWM, bytes) of the shim serving container id, 0 when
 // none is found.
-func (e *env) shimPeak(id string) uint64 {
+func (e *daemon) shimPeak(id string) uint64 {
 	var peak uint64
 	for _, pid := range shimproc.Find(e.d.Address, id) {
 		if m, err := shimproc.ReadMemory(pid); err == nil {
@@ -24,7 +24,7 @@ func (e *env) shimPeak(id string) uint64 {
 
 // snapshotterPID is the pid of the cklite-snapshotter serving this benchmark's daemon (the one
 // listening on its socket), 0 when none is found.
-func (e *env) snapshotterPID() int {
+func (e *daemon) snapshotterPID() int {
 	if e.snapPID == 0 {
 		out, _ := exec.CommandContext(e.ctx, "pgrep", "-f", "--", "cklite-snapshotter --address "+e.d.SnapshotterAddress+" ").Output()
 		e.snapPID, _ = strconv.Atoi(strings.TrimSpace(string(out)))
@@ -35,14 +35,14 @@ func (e *env) snapshotterPID() int {
 // resetSnapshotterPeak starts a new high-water mark of cklite-snapshotter's resident memory
 // (clear_refs 5 resets VmHWM), so that each workload reports its own peak: the snapshotter runs
 // for the whole benchmark.
-func (e *env) resetSnapshotterPeak() {
+func (e *daemon) resetSnapshotterPeak() {
 	if pid := e.snapshotterPID(); pid != 0 {
 		_ = os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
 	}
 }
 
 // snapshotterPeak is cklite-snapshotter's peak resident memory (bytes) since the last reset.
-func (e *env) snapshotterPeak() uint64 {
+func (e *daemon) snapshotterPeak() uint64 {
 	m, err := shimproc.ReadMemory(e.snapshotterPID())
 	if err != nil {
 		return 0

@@ -27,6 +27,20 @@ import (
 
 const runcRuntime = "io.containerd.runc.v2"
 
+// system is the seam between the workloads and a system under test: the workloads start
+// sandboxes through it and drive them only through the sandbox interface, so a test can run every
+// workload on a fake system and inject failures into its operations (see selftest_test.go). The
+// real systems are cklite and stock on the harness's containerd (daemon).
+type system interface {
+	// start creates container id running agent a and starts its task.
+	start(id string, a agentSpec) (sandbox, error)
+	// resetPeak starts a new high-water mark of the memory of the system's own long-lived process
+	// (cklite-snapshotter); peak reads it, 0 for a system without one (stock's snapshotter runs
+	// inside containerd).
+	resetPeak()
+	peak() uint64
+}
+
 // sandbox is one container of the benchmark on one system, and the operations measured on it.
 // Every checkpoint is kept until close, so that any of them can be rolled back to or forked.
 type sandbox interface {
@@ -34,35 +48,69 @@ type sandbox interface {
 	rootfs() string
 	// checkpoint takes checkpoint i (memory + filesystem), leaving the container running.
 	checkpoint(i int) error
+	// criu is CRIU's account of checkpoint i.
+	criu(i int) (criuStats, error)
 	// rollback brings the container back to checkpoint i.
 	rollback(i int) error
-	// fork starts n new containers from checkpoint i and returns their ids and how long each took.
-	fork(i, n int, prefix string) ([]string, []time.Duration, error)
+	// fork starts n new containers from checkpoint i and returns them and how long each took.
+	// After an error the forks it started are removed.
+	fork(i, n int, prefix string) ([]sandbox, []time.Duration, error)
 	// diskDirs are the directories holding this system's snapshots and checkpoint images.
 	diskDirs() []string
 	// fsDisk is the part of the disk use that holds filesystem state, not CRIU images.
 	fsDisk() (int64, error)
+	// shimPeak is the peak resident memory (bytes) of the shim serving the container, 0 if unknown.
+	shimPeak() uint64
 	// close removes the container, its checkpoints and what they hold on disk.
 	close() error
 }
 
-// start creates container id on runtime and snapshotter, running agent a, and starts its task.
-func (e *env) start(id, runtime, snapshotter string, a agentSpec) error {
+// daemon is the harness's containerd with both systems: what the real sandboxes share.
+type daemon struct {
+	d       *harness.Daemon
+	ctx     context.Context // in the daemon's namespace
+	img     client.Image    // busybox with the probe
+	sandbox client.Image    // the debootstrap + python3 sandbox, for the python agent
+	snapPID int             // cklite-snapshotter's, found on first use
+}
+
+// systems are cklite and stock on d, by name.
+func (d *daemon) systems() map[string]system {
+	return map[string]system{"cklite": ckliteSystem{d}, "stock": stockSystem{d}}
+}
+
+type ckliteSystem struct{ *daemon }
+
+func (s ckliteSystem) start(id string, a agentSpec) (sandbox, error) { return s.newCklite(id, a) }
+func (s ckliteSystem) resetPeak()                                    { s.resetSnapshotterPeak() }
+func (s ckliteSystem) peak() uint64                                  { return s.snapshotterPeak() }
+
+type stockSystem struct{ *daemon }
+
+func (s stockSystem) start(id string, a agentSpec) (sandbox, error) { return s.newStock(id, a) }
+func (stockSystem) resetPeak()                                      {}
+func (stockSystem) peak() uint64                                    { return 0 }
+
+// start creates container id on runtime and snapshotter, running agent a, and starts its task;
+// a container whose task did not start is removed.
+func (e *daemon) start(id, runtime, snapshotter string, a agentSpec) error {
 	img := e.img
 	if a.kind == pythonAgent {
 		img = e.sandbox
 	}
-	_, _, err := e.d.Run(e.ctx, id, img, runtime, snapshotter, a.args()...)
-	return err
+	if _, _, err := e.d.Run(e.ctx, id, img, runtime, snapshotter, a.args()...); err != nil {
+		return errors.Join(err, e.remove(id))
+	}
+	return nil
 }
 
-func (e *env) newTask(c client.Container, opts ...client.NewTaskOpts) (client.Task, error) {
+func (e *daemon) newTask(c client.Container, opts ...client.NewTaskOpts) (client.Task, error) {
 	return e.d.StartTask(e.ctx, c, opts...)
 }
 
 // remove removes container id with its task and snapshot. It runs to the end after an interrupt
 // too (^C cancels e.ctx), so that the benchmark's clean-up leaves nothing running.
-func (e *env) remove(id string) error { return e.d.Remove(context.WithoutCancel(e.ctx), id) }
+func (e *daemon) remove(id string) error { return e.d.Remove(context.WithoutCancel(e.ctx), id) }
 
 // ckliteBox is a container on cklite: runtime io.containerd.cklite.v2 on cklite-snapshotter.
 // Checkpoints go straight to the task service with an image directory, as `cklite checkpoint
@@ -70,17 +118,17 @@ func (e *env) remove(id string) error { return e.d.Remove(context.WithoutCancel(
 // with a rootfs diff cklite does not need); rollback is in place (`cklite rollback`: a task Update
 // with the rollback annotation), fork is `cklite fork`.
 type ckliteBox struct {
-	*env
+	*daemon
 	cid  string
 	dirs map[int]string // image directory by checkpoint
 	ids  map[int]string // cklite checkpoint id by checkpoint
 }
 
-func (e *env) newCklite(id string, a agentSpec) (*ckliteBox, error) {
+func (e *daemon) newCklite(id string, a agentSpec) (*ckliteBox, error) {
 	if err := e.start(id, harness.CkliteRuntime, ckliteSnapshotter, a); err != nil {
 		return nil, err
 	}
-	return &ckliteBox{env: e, cid: id, dirs: map[int]string{}, ids: map[int]string{}}, nil
+	return &ckliteBox{daemon: e, cid: id, dirs: map[int]string{}, ids: map[int]string{}}, nil
 }
 
 func (s *ckliteBox) id() string { return s.cid }
@@ -91,6 +139,10 @@ func (s *ckliteBox) imageRoot() string { return filepath.Join(s.d.Dir, "checkpoi
 
 func (s *ckliteBox) checkpoint(i int) error {
 	dir := filepath.Join(s.imageRoot(), fmt.Sprint(i))
+	// What a failed attempt left goes: a retry writes a fresh image directory.
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return err
 	}
@@ -124,27 +176,40 @@ func (s *ckliteBox) rollback(i int) error {
 // forkLineRE is the line `cklite fork` prints as each fork runs.
 var forkLineRE = regexp.MustCompile(`^  (\S+) running, restored in (\S+)$`)
 
-func (s *ckliteBox) fork(i, n int, prefix string) ([]string, []time.Duration, error) {
+func (s *ckliteBox) fork(i, n int, prefix string) ([]sandbox, []time.Duration, error) {
+	// --cleanup-on-error: after a failure cklite fork removes the forks it started.
 	out, err := s.d.Cklite(s.ctx, "fork", "-n", fmt.Sprint(n), "--prefix", prefix, "--cleanup-on-error", s.ids[i])
 	if err != nil {
 		return nil, nil, err
 	}
-	var ids []string
+	var forks []sandbox
 	var took []time.Duration
 	for _, l := range strings.Split(out, "\n") {
 		if m := forkLineRE.FindStringSubmatch(l); m != nil {
 			d, err := time.ParseDuration(m[2])
 			if err != nil {
-				return ids, nil, fmt.Errorf("cklite fork printed %q: %w", l, err)
+				err = fmt.Errorf("cklite fork printed %q: %w", l, err)
 			}
-			ids, took = append(ids, m[1]), append(took, d)
+			forks, took = append(forks, s.forked(m[1])), append(took, d)
+			if err != nil {
+				return nil, nil, errors.Join(err, closeForks(forks))
+			}
 		}
 	}
-	if len(ids) != n {
-		return ids, nil, fmt.Errorf("cklite fork -n %d printed %d forks:\n%s", n, len(ids), out)
+	if len(forks) != n {
+		return nil, nil, errors.Join(fmt.Errorf("cklite fork -n %d printed %d forks:\n%s", n, len(forks), out), closeForks(forks))
 	}
-	return ids, took, nil
+	return forks, took, nil
 }
+
+// forked is a fork as a sandbox of its own, with no checkpoints.
+func (s *ckliteBox) forked(id string) *ckliteBox {
+	return &ckliteBox{daemon: s.daemon, cid: id, dirs: map[int]string{}, ids: map[int]string{}}
+}
+
+func (s *ckliteBox) criu(i int) (criuStats, error) { return s.criuStats(s.cid, i) }
+
+func (s *ckliteBox) shimPeak() uint64 { return s.daemon.shimPeak(s.cid) }
 
 func (s *ckliteBox) diskDirs() []string {
 	return []string{filepath.Join(s.d.Dir, "cklite-snapshotter"), s.imageRoot()}
@@ -173,16 +238,16 @@ func (s *ckliteBox) close() error {
 // checkpoint image, resume); a rollback is `ctr containers restore --live --rw` (the container is
 // made again from the checkpoint image, its rw diff applied onto a fresh snapshot).
 type stockBox struct {
-	*env
+	*daemon
 	cid    string
 	images map[int]client.Image
 }
 
-func (e *env) newStock(id string, a agentSpec) (*stockBox, error) {
+func (e *daemon) newStock(id string, a agentSpec) (*stockBox, error) {
 	if err := e.start(id, runcRuntime, "overlayfs", a); err != nil {
 		return nil, err
 	}
-	return &stockBox{env: e, cid: id, images: map[int]client.Image{}}, nil
+	return &stockBox{daemon: e, cid: id, images: map[int]client.Image{}}, nil
 }
 
 func (s *stockBox) id() string { return s.cid }
@@ -247,18 +312,31 @@ func (s *stockBox) restore(id string, i int, opt client.RestoreOpts) (client.Con
 // (what a script around `ctr containers restore` would do). The restored spec names the
 // original's cgroup, where runc refuses to restore ("container's cgroup is not empty"), so each
 // fork gets a cgroup of its own, the one change to what the checkpoint recorded.
-func (s *stockBox) fork(i, n int, prefix string) ([]string, []time.Duration, error) {
-	var ids []string
+func (s *stockBox) fork(i, n int, prefix string) ([]sandbox, []time.Duration, error) {
+	var forks []sandbox
 	var took []time.Duration
 	for k := 1; k <= n; k++ {
 		id := fmt.Sprintf("%s-%d", prefix, k)
 		start := time.Now()
 		if _, err := s.restore(id, i, ownCgroup(s.d.Namespace, id)); err != nil {
-			return ids, took, fmt.Errorf("fork %s: %w", id, err)
+			return nil, nil, errors.Join(fmt.Errorf("fork %s: %w", id, err), closeForks(forks))
 		}
-		ids, took = append(ids, id), append(took, time.Since(start))
+		forks, took = append(forks, &stockBox{daemon: s.daemon, cid: id, images: map[int]client.Image{}}), append(took, time.Since(start))
 	}
-	return ids, took, nil
+	return forks, took, nil
+}
+
+func (s *stockBox) criu(i int) (criuStats, error) { return s.criuStats(s.cid, i) }
+
+func (s *stockBox) shimPeak() uint64 { return s.daemon.shimPeak(s.cid) }
+
+// closeForks removes forks, all of them whatever fails.
+func closeForks(forks []sandbox) error {
+	var errs []error
+	for _, f := range forks {
+		errs = append(errs, f.close())
+	}
+	return errors.Join(errs...)
 }
 
 // withWorkPath has CRIU keep its logs and stats in dir, as ctr's --work-path does; it must come

@@ -64,35 +64,41 @@ type treeNode struct {
 
 // runTree replays the plan on both systems, taking turns per expansion. The time is split into
 // checkpoint, rollback, the agent's and the host's work, and the benchmark's own verification.
+//
+// A failed operation is recorded and the system's replay goes on from the last good node: a
+// node whose expansion failed has no checkpoint, so its children are expanded from its nearest
+// checkpointed ancestor, and after any failure the next node starts with a rollback. A system
+// whose root checkpoint failed has nothing to roll back to; its replay ends there.
 func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 	parent, err := e.planTreeLogged(c)
 	if err != nil {
 		return nil, err
 	}
+	w := where{"tree search", treeParam(c)}
 	boxes := map[string]sandbox{}
-	nodes := map[string][]treeNode{}
-	cur := map[string]int{}
+	nodes := map[string][]*treeNode{} // by node; nil where the system has no checkpoint of it
+	cur := map[string]int{}           // the node the container is at; -1 when unknown after a failure
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
-	_, res, base, err := e.setUp(series{workload: "tree", agent: c.agent, files: c.files}, boxes)
+	_, res, base, err := e.setUp(w, series{workload: "tree", agent: c.agent, files: c.files}, boxes)
 	if err != nil {
 		return nil, err
 	}
 	for k := 0; k <= c.expansions; k++ {
+		if err := e.ctx.Err(); err != nil {
+			return nil, err
+		}
 		for _, sys := range order(k) {
-			b, m := boxes[sys], res[sys]
-			if k > 0 && cur[sys] != parent[k] {
-				if err := e.treeRollback(b, m, parent[k], nodes[sys][parent[k]]); err != nil {
-					return nil, fmt.Errorf("%s: node %d: %w", sys, k, err)
-				}
+			if boxes[sys] == nil {
+				continue
 			}
-			n, err := e.treeExpand(b, m, c, k, nodes[sys])
-			if err != nil {
-				return nil, fmt.Errorf("%s: node %d: %w", sys, k, err)
+			n, at := e.treeStep(w, sys, boxes[sys], res[sys], c, parent, k, nodes[sys], cur[sys], base[sys].all)
+			nodes[sys], cur[sys] = append(nodes[sys], n), at
+			if k == 0 && n == nil {
+				e.progress("%-6s tree search ends: its root has no checkpoint to go back to", sys)
+				b := boxes[sys]
+				delete(boxes, sys)
+				_, _ = e.op(w, sys, "removing the container", b.close)
 			}
-			if err := e.afterCheckpoint(b, k, m, base[sys].all); err != nil {
-				return nil, fmt.Errorf("%s: after checkpoint %d: %w", sys, k, err)
-			}
-			nodes[sys], cur[sys] = append(nodes[sys], n), k
 		}
 		if k%10 == 0 {
 			line := fmt.Sprintf("tree: %3d/%d nodes", k, c.expansions)
@@ -102,10 +108,46 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 			e.progress("%s", line)
 		}
 	}
-	if err := e.finish(boxes, res, base); err != nil {
+	if err := e.finish(w, boxes, res, base); err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+// treeParam names the tree search in the table.
+func treeParam(c treeConfig) string {
+	return fmt.Sprintf("%d nodes, %d rollbacks", c.expansions+1, c.rollbacks)
+}
+
+// treeStep makes node k on one system: a rollback to the node it is expanded from, unless the
+// container is there, then the expansion. It returns the node (nil when it failed, recorded) and
+// the node the container is at afterwards (-1: unknown).
+func (e *env) treeStep(w where, sys string, b sandbox, m *measured, c treeConfig, parent []int, k int, nodes []*treeNode, cur int, diskBefore int64) (*treeNode, int) {
+	from := -1
+	if k > 0 {
+		from = parent[k]
+		for from >= 0 && nodes[from] == nil {
+			from = parent[from]
+		}
+		if from < 0 {
+			return nil, -1
+		}
+		if cur != from {
+			if err := e.treeRollback(w, sys, b, m, from, *nodes[from]); err != nil {
+				return nil, -1
+			}
+		}
+	}
+	token := ""
+	if k > 0 {
+		token = nodes[0].at.Token
+	}
+	n, err := e.treeExpand(w, sys, b, m, c, k, token)
+	if err != nil {
+		return nil, -1
+	}
+	_, _ = e.op(w, sys, fmt.Sprintf("measuring node %d", k), func() error { return e.afterCheckpoint(b, k, m, diskBefore) })
+	return &n, k
 }
 
 func (e *env) planTreeLogged(c treeConfig) ([]int, error) {
@@ -126,58 +168,69 @@ func (e *env) planTreeLogged(c treeConfig) ([]int, error) {
 
 // treeRollback rolls b back to node i and verifies it: the project as hashed there, the agent's
 // counter at exactly its value there, in the same process.
-func (e *env) treeRollback(b sandbox, m *measured, i int, n treeNode) error {
-	start := time.Now()
-	if err := b.rollback(i); err != nil {
-		return fmt.Errorf("rollback to node %d: %w", i, err)
-	}
-	m.rollback = append(m.rollback, time.Since(start))
-	m.restores++
-	start = time.Now()
-	defer func() { m.verify += time.Since(start) }()
-	h, err := hashProject(b.rootfs())
+func (e *env) treeRollback(w where, sys string, b sandbox, m *measured, i int, n treeNode) error {
+	step := fmt.Sprintf("rollback to node %d", i)
+	took, err := e.op(w, sys, step, func() error { return b.rollback(i) })
 	if err != nil {
 		return err
 	}
-	if h != n.hash {
-		return fmt.Errorf("after rollback to node %d: the project directory is not as checkpointed", i)
-	}
-	if _, err := (workload.Counter{Rootfs: b.rootfs()}).WaitFor(e.ctx, fmt.Sprintf("node %d's count %+v", i, n.at),
-		func(x workload.Count) bool { return x == n.at }); err != nil {
-		return fmt.Errorf("after rollback to node %d: %w", i, err)
+	m.rollback = append(m.rollback, took)
+	m.restores++
+	start := time.Now()
+	defer func() { m.verify += time.Since(start) }()
+	_, err = e.op(w, sys, "verifying "+step, func() error {
+		h, err := hashProject(b.rootfs())
+		if err != nil {
+			return err
+		}
+		if h != n.hash {
+			return errors.New("the project directory is not as checkpointed")
+		}
+		_, err = (workload.Counter{Rootfs: b.rootfs()}).WaitFor(e.ctx, fmt.Sprintf("node %d's count %+v", i, n.at),
+			func(x workload.Count) bool { return x == n.at })
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	m.verified++
 	return nil
 }
 
 // treeExpand makes node k: the work (host edits, the agent counts and edits), then the node's
-// record, then its checkpoint.
-func (e *env) treeExpand(b sandbox, m *measured, c treeConfig, k int, nodes []treeNode) (treeNode, error) {
-	start := time.Now()
-	if err := editProject(b.rootfs(), c.files, hostEdits, k); err != nil {
-		return treeNode{}, err
-	}
-	at, err := (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 1)
+// record, then its checkpoint. token is the root's agent's ("" for the root itself): every
+// node's agent is the root's process, restored, so its token never changes.
+func (e *env) treeExpand(w where, sys string, b sandbox, m *measured, c treeConfig, k int, token string) (treeNode, error) {
+	var n treeNode
+	work, err := e.op(w, sys, fmt.Sprintf("work before node %d", k), func() (err error) {
+		if err := editProject(b.rootfs(), c.files, hostEdits, k); err != nil {
+			return err
+		}
+		if n.at, err = (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 1); err != nil {
+			return err
+		}
+		if token != "" && n.at.Token != token {
+			return fmt.Errorf("the agent's token is %s, the root's was %s: a restarted process", n.at.Token, token)
+		}
+		return nil
+	})
 	if err != nil {
-		return treeNode{}, err
+		return n, err
 	}
-	m.work += time.Since(start)
-	// Every node's agent is the root's process, restored: its token never changes.
-	if len(nodes) > 0 && at.Token != nodes[0].at.Token {
-		return treeNode{}, fmt.Errorf("the agent's token is %s, the root's was %s: a restarted process", at.Token, nodes[0].at.Token)
-	}
-	start = time.Now()
-	h, err := hashProject(b.rootfs())
+	m.work += work
+	start := time.Now()
+	n.hash, err = hashProject(b.rootfs())
 	m.verify += time.Since(start)
 	if err != nil {
-		return treeNode{}, err
+		_, err = e.op(w, sys, fmt.Sprintf("hashing node %d", k), func() error { return err })
+		return n, err
 	}
-	start = time.Now()
-	if err := b.checkpoint(k); err != nil {
-		return treeNode{}, fmt.Errorf("checkpoint: %w", err)
+	took, err := e.op(w, sys, fmt.Sprintf("checkpoint of node %d", k), func() error { return b.checkpoint(k) })
+	if err != nil {
+		return n, err
 	}
-	m.checkpoint = append(m.checkpoint, time.Since(start))
-	return treeNode{at: at, hash: h}, nil
+	m.checkpoint = append(m.checkpoint, took)
+	return n, nil
 }
 
 // overhead is the time checkpoints and rollbacks took in all.

@@ -57,13 +57,6 @@ func order(i int) []string {
 	return r
 }
 
-func (e *env) newBox(sys, id string, a agentSpec) (sandbox, error) {
-	if sys == "cklite" {
-		return e.newCklite(id, a)
-	}
-	return e.newStock(id, a)
-}
-
 // ready waits for a new sandbox's agent to run and returns the token that tells its processes
 // from restarted ones: the probe's where it runs, else the agent's counter's.
 func (e *env) ready(b sandbox, probed bool) (string, error) {
@@ -77,125 +70,184 @@ func (e *env) ready(b sandbox, probed bool) (string, error) {
 // runSeries runs one configuration on both systems: k checkpoints, each after the counter moved
 // on (and, for the filesystem workload, 1 MB changed), then r rollbacks to checkpoints spread
 // over the k, each after a bad action, each verified (the counter at exactly the checkpointed
-// value in the same process, the probe the same process, the files as checkpointed).
+// value in the same process, the probe the same process, the files as checkpointed). A system's
+// failed operation is recorded and skipped: its rollbacks go to the checkpoints it did take.
 func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr error) {
+	w := where{s.workload, s.param}
 	boxes := map[string]sandbox{}
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
-	tokens, res, base, err := e.setUp(s, boxes)
+	tokens, res, base, err := e.setUp(w, s, boxes)
 	if err != nil {
 		return nil, err
 	}
-	at := map[string][]workload.Count{}
-	hashes := map[string][]string{}
+	// What each system's checkpoints held, by checkpoint: only those taken.
+	at := map[string]map[int]workload.Count{}
+	hashes := map[string]map[int]string{}
+	for sys := range boxes {
+		at[sys], hashes[sys] = map[int]workload.Count{}, map[int]string{}
+	}
 	for i := range k {
+		if err := e.ctx.Err(); err != nil {
+			return nil, err
+		}
 		for _, sys := range order(i) {
-			b, m := boxes[sys], res[sys]
-			if s.rootfsMB > 0 {
-				if err := writeDelta(b.rootfs(), i); err != nil {
-					return nil, err
-				}
+			if boxes[sys] == nil {
+				continue
 			}
-			c, err := (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 2)
-			if err != nil {
-				return nil, fmt.Errorf("%s: before checkpoint %d: %w", sys, i, err)
+			c, h, err := e.seriesCheckpoint(w, s, sys, boxes[sys], res[sys], i, k, tokens[sys], base[sys].all)
+			if err == nil {
+				at[sys][i], hashes[sys][i] = c, h
 			}
-			at[sys] = append(at[sys], c)
-			h := ""
-			if s.files > 0 {
-				if h, err = hashProject(b.rootfs()); err != nil {
-					return nil, err
-				}
-			}
-			hashes[sys] = append(hashes[sys], h)
-			start := time.Now()
-			if err := b.checkpoint(i); err != nil {
-				return nil, fmt.Errorf("%s: checkpoint %d: %w", sys, i, err)
-			}
-			took := time.Since(start)
-			m.checkpoint = append(m.checkpoint, took)
-			down := "-"
-			if s.probed() {
-				// The probe logs its gap on its first tick after the checkpoint; seeing it tick
-				// with its token also shows the checkpoint left the container running, same
-				// process.
-				if _, err := waitProbe(b.rootfs(), tokens[sys]); err != nil {
-					return nil, fmt.Errorf("%s: after checkpoint %d: %w", sys, i, err)
-				}
-				d, err := downtime(b.rootfs(), start, time.Now())
-				if err != nil {
-					return nil, err
-				}
-				m.downtime, down = append(m.downtime, d), fmtMs(d)
-			}
-			if err := e.afterCheckpoint(b, i, m, base[sys].all); err != nil {
-				return nil, fmt.Errorf("%s: after checkpoint %d: %w", sys, i, err)
-			}
-			cs := m.criu[len(m.criu)-1]
-			e.progress("%-6s checkpoint %d/%d %8s   downtime %8s   CRIU frozen %s", sys, i+1, k, fmtMs(took), down, fmtMs(cs.frozen))
 		}
 	}
-	if err := e.finish(boxes, res, base); err != nil {
+	if err := e.finish(w, boxes, res, base); err != nil {
 		return nil, err
 	}
 
 	for j := range r {
-		i := (j * 3) % k // spread over the checkpoints, not always the last
+		if err := e.ctx.Err(); err != nil {
+			return nil, err
+		}
 		for _, sys := range order(j) {
-			b, m := boxes[sys], res[sys]
-			if err := badAction(b.rootfs()); err != nil {
-				return nil, err
+			taken := sortedKeys(at[sys])
+			if len(taken) == 0 {
+				continue
 			}
-			start := time.Now()
-			if err := b.rollback(i); err != nil {
-				return nil, fmt.Errorf("%s: rollback to checkpoint %d: %w", sys, i, err)
-			}
-			took := time.Since(start)
-			m.rollback = append(m.rollback, took)
-			m.restores++
-			if err := e.verify(b.rootfs(), at[sys][i], hashes[sys][i], tokens[sys], s, i); err != nil {
-				return nil, fmt.Errorf("%s: after rollback to checkpoint %d: %w", sys, i, err)
-			}
-			m.verified++
-			m.shimPeak = max(m.shimPeak, e.shimPeak(b.id()))
-			e.progress("%-6s rollback to %d   %8s   verified", sys, i+1, fmtMs(took))
+			// Spread over the checkpoints, not always the last.
+			i := taken[(j*3)%len(taken)]
+			e.seriesRollback(w, s, sys, boxes[sys], res[sys], i, at[sys][i], hashes[sys][i], tokens[sys])
 		}
 	}
 	return res, nil
 }
 
-// setUp starts series s's container on every system into boxes (which the caller closes, also
-// after an error), writes its project and data, and returns each agent's token, a fresh
-// measured per system and the disk use before the first checkpoint.
-func (e *env) setUp(s series, boxes map[string]sandbox) (map[string]string, map[string]*measured, map[string]diskBase, error) {
-	tokens, res := map[string]string{}, map[string]*measured{}
-	for _, sys := range systems {
-		b, err := e.newBox(sys, fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), agentSpec{kind: s.agent, memMB: s.memMB})
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("%s: starting the container: %w", sys, err)
+// seriesCheckpoint takes checkpoint i of k of series s on system sys and returns the counter and
+// project hash it holds; an error is recorded already.
+func (e *env) seriesCheckpoint(w where, s series, sys string, b sandbox, m *measured, i, k int, token string, diskBefore int64) (workload.Count, string, error) {
+	var c workload.Count
+	var h string
+	step := fmt.Sprintf("checkpoint %d", i)
+	_, err := e.op(w, sys, "before "+step, func() (err error) {
+		if s.rootfsMB > 0 {
+			if err := writeDelta(b.rootfs(), i); err != nil {
+				return err
+			}
 		}
-		boxes[sys] = b
-		res[sys] = &measured{}
-		if tokens[sys], err = e.ready(b, s.probed()); err != nil {
-			return nil, nil, nil, fmt.Errorf("%s: %w", sys, err)
+		if c, err = (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 2); err != nil {
+			return err
 		}
 		if s.files > 0 {
-			e.progress("%s: writing a project of %d files", sys, s.files)
-			if err := writeProject(b.rootfs(), s.files); err != nil {
-				return nil, nil, nil, fmt.Errorf("%s: %w", sys, err)
+			h, err = hashProject(b.rootfs())
+		}
+		return err
+	})
+	if err != nil {
+		return c, h, err
+	}
+	start := time.Now()
+	took, err := e.op(w, sys, step, func() error { return b.checkpoint(i) })
+	if err != nil {
+		return c, h, err
+	}
+	m.checkpoint = append(m.checkpoint, took)
+	down := "-"
+	if s.probed() {
+		// The probe logs its gap on its first tick after the checkpoint; seeing it tick with its
+		// token also shows the checkpoint left the container running, same process.
+		_, err := e.op(w, sys, "probe after "+step, func() error {
+			if _, err := waitProbe(b.rootfs(), token); err != nil {
+				return err
+			}
+			d, err := downtime(b.rootfs(), start, time.Now())
+			if err == nil {
+				m.downtime, down = append(m.downtime, d), fmtMs(d)
+			}
+			return err
+		})
+		if err != nil {
+			return c, h, err
+		}
+	}
+	if _, err := e.op(w, sys, "measuring "+step, func() error { return e.afterCheckpoint(b, i, m, diskBefore) }); err != nil {
+		// The checkpoint was taken: rollbacks may go to it.
+		return c, h, nil
+	}
+	cs := m.criu[len(m.criu)-1]
+	e.progress("%-6s checkpoint %d/%d %8s   downtime %8s   CRIU frozen %s", sys, i+1, k, fmtMs(took), down, fmtMs(cs.frozen))
+	return c, h, nil
+}
+
+// seriesRollback makes the bad action, rolls b back to checkpoint i and verifies it; an error is
+// recorded.
+func (e *env) seriesRollback(w where, s series, sys string, b sandbox, m *measured, i int, at workload.Count, hash, token string) {
+	step := fmt.Sprintf("rollback to checkpoint %d", i)
+	if _, err := e.op(w, sys, "bad action before "+step, func() error { return badAction(b.rootfs()) }); err != nil {
+		return
+	}
+	took, err := e.op(w, sys, step, func() error { return b.rollback(i) })
+	if err != nil {
+		return
+	}
+	m.rollback = append(m.rollback, took)
+	m.restores++
+	if _, err := e.op(w, sys, "verifying "+step, func() error { return e.verify(b.rootfs(), at, hash, token, s, i) }); err != nil {
+		return
+	}
+	m.verified++
+	m.shimPeak = max(m.shimPeak, b.shimPeak())
+	e.progress("%-6s rollback to %d   %8s   verified", sys, i+1, fmtMs(took))
+}
+
+// setUp starts series s's container on every system into boxes (which the caller closes, also
+// after an error), writes its project and data, and returns each agent's token, a fresh
+// measured per system and the disk use before the first checkpoint. A system that fails to set
+// up is recorded and left out of boxes.
+func (e *env) setUp(w where, s series, boxes map[string]sandbox) (map[string]string, map[string]*measured, map[string]diskBase, error) {
+	tokens, res := map[string]string{}, map[string]*measured{}
+	for _, sys := range systems {
+		res[sys] = &measured{}
+		var b sandbox
+		_, err := e.op(w, sys, "starting the container", func() (err error) {
+			b, err = e.systems[sys].start(fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), agentSpec{kind: s.agent, memMB: s.memMB})
+			return err
+		})
+		if err != nil {
+			continue
+		}
+		boxes[sys] = b
+		_, err = e.op(w, sys, "preparing the container", func() (err error) {
+			if tokens[sys], err = e.ready(b, s.probed()); err != nil {
+				return err
+			}
+			if s.files > 0 {
+				e.progress("%s: writing a project of %d files", sys, s.files)
+				if err := writeProject(b.rootfs(), s.files); err != nil {
+					return err
+				}
+			}
+			if s.rootfsMB > 0 {
+				e.progress("%s: writing %d MB to the rootfs", sys, s.rootfsMB)
+				return writeData(b.rootfs(), s.rootfsMB)
+			}
+			return nil
+		})
+		if err != nil {
+			delete(boxes, sys)
+			if err := b.close(); err != nil {
+				e.progress("%s: cleaning up: %v", sys, err)
 			}
 		}
-		if s.rootfsMB > 0 {
-			e.progress("%s: writing %d MB to the rootfs", sys, s.rootfsMB)
-			if err := writeData(b.rootfs(), s.rootfsMB); err != nil {
-				return nil, nil, nil, fmt.Errorf("%s: %w", sys, err)
-			}
-		}
+	}
+	if err := e.ctx.Err(); err != nil {
+		return nil, nil, nil, err
 	}
 	base, err := diskBases(boxes)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	e.resetSnapshotterPeak()
+	for _, sys := range systems {
+		e.systems[sys].resetPeak()
+	}
 	return tokens, res, base, nil
 }
 
@@ -220,34 +272,34 @@ func diskBases(boxes map[string]sandbox) (map[string]diskBase, error) {
 
 // finish records what a workload's checkpoints left at its end: the disk they took in all, of
 // filesystem state, and what dedup would save of cklite's; cklite-snapshotter's peak memory.
-func (e *env) finish(boxes map[string]sandbox, res map[string]*measured, base map[string]diskBase) error {
+func (e *env) finish(w where, boxes map[string]sandbox, res map[string]*measured, base map[string]diskBase) error {
 	for sys, b := range boxes {
 		m := res[sys]
-		m.diskBytes = m.diskAfter[len(m.diskAfter)-1]
-		fs, err := b.fsDisk()
-		if err != nil {
-			return err
+		if len(m.diskAfter) > 0 {
+			m.diskBytes = m.diskAfter[len(m.diskAfter)-1]
 		}
-		m.fsBytes = fs - base[sys].fs
-		if sys == "cklite" { // stock's overlayfs snapshotter runs inside containerd, without dedup
-			m.snapshotterPeak = e.snapshotterPeak()
-			if m.dedupSaved, err = dedupSavings(b.diskDirs()[0]); err != nil {
+		_, _ = e.op(w, sys, "measuring the disk", func() error {
+			fs, err := b.fsDisk()
+			if err != nil {
 				return err
 			}
-			m.dedup = true
-		}
+			m.fsBytes = fs - base[sys].fs
+			if sys != "cklite" { // stock's overlayfs snapshotter runs inside containerd, without dedup
+				return nil
+			}
+			m.snapshotterPeak = e.systems[sys].peak()
+			m.dedupSaved, err = dedupSavings(b.diskDirs()[0])
+			m.dedup = err == nil
+			return err
+		})
 	}
-	return nil
+	return e.ctx.Err()
 }
 
 // afterCheckpoint records what checkpoint i of b left behind: CRIU's stats, the disk grown
 // since before the first checkpoint, the shim's peak memory.
 func (e *env) afterCheckpoint(b sandbox, i int, m *measured, diskBefore int64) error {
-	work, err := e.workDir(b.id(), i)
-	if err != nil {
-		return err
-	}
-	cs, err := readCRIUStats(work)
+	cs, err := b.criu(i)
 	if err != nil {
 		return fmt.Errorf("CRIU stats: %w", err)
 	}
@@ -256,7 +308,7 @@ func (e *env) afterCheckpoint(b sandbox, i int, m *measured, diskBefore int64) e
 		return err
 	}
 	m.criu, m.diskAfter = append(m.criu, cs), append(m.diskAfter, du-diskBefore)
-	m.shimPeak = max(m.shimPeak, e.shimPeak(b.id()))
+	m.shimPeak = max(m.shimPeak, b.shimPeak())
 	return nil
 }
 
@@ -297,80 +349,102 @@ func (e *env) verify(rootfs string, at workload.Count, hash, token string, s ser
 
 // runFanout checkpoints an idle container on each system once and forks it n times for each n,
 // while it runs on. Each fork is verified (the counter and the probe as checkpointed, in the
-// same processes) and removed before the next n.
+// same processes) and removed before the next n. A system whose container or checkpoint failed
+// is left out; a failed fork -n is recorded and the next n runs.
 func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error) {
 	res := map[int]map[string]*measured{}
 	boxes := map[string]sandbox{}
 	at := map[string]workload.Count{}
 	tokens := map[string]string{}
 	defer func() { retErr = errors.Join(retErr, closeAll(boxes)) }()
+	setup := where{"fan-out", "the checkpoint forked"}
 	for _, sys := range systems {
-		b, err := e.newBox(sys, sys+"-fanout", agentSpec{kind: busyboxAgent, slow: true})
+		var b sandbox
+		_, err := e.op(setup, sys, "starting the container", func() (err error) {
+			b, err = e.systems[sys].start(sys+"-fanout", agentSpec{kind: busyboxAgent, slow: true})
+			return err
+		})
 		if err != nil {
-			return nil, fmt.Errorf("%s: starting the container: %w", sys, err)
+			continue
 		}
 		boxes[sys] = b
-		if tokens[sys], err = waitProbe(b.rootfs(), ""); err != nil {
-			return nil, err
-		}
-		if at[sys], err = (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 2); err != nil {
-			return nil, err
-		}
-		if err := b.checkpoint(0); err != nil {
-			return nil, fmt.Errorf("%s: checkpoint: %w", sys, err)
+		_, err = e.op(setup, sys, "checkpoint", func() (err error) {
+			if tokens[sys], err = waitProbe(b.rootfs(), ""); err != nil {
+				return err
+			}
+			if at[sys], err = (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 2); err != nil {
+				return err
+			}
+			return b.checkpoint(0)
+		})
+		if err != nil {
+			delete(boxes, sys)
+			if err := b.close(); err != nil {
+				e.progress("%s: cleaning up: %v", sys, err)
+			}
 		}
 	}
 	for round, n := range ns {
+		if err := e.ctx.Err(); err != nil {
+			return nil, err
+		}
 		res[n] = map[string]*measured{}
 		for _, sys := range order(round) {
+			if boxes[sys] == nil {
+				continue
+			}
 			m := &measured{}
 			res[n][sys] = m
-			prefix := fmt.Sprintf("%s-fork%d", sys, n)
-			before, err := diskUsage(boxes[sys].diskDirs()...)
-			if err != nil {
-				return nil, err
-			}
-			start := time.Now()
-			ids, each, err := boxes[sys].fork(0, n, prefix)
-			m.forkTotal = time.Since(start)
-			// Forks are removed whatever happened, so that a failure leaves nothing running.
-			defer func(ids []string) {
-				for _, id := range ids {
-					retErr = errors.Join(retErr, e.remove(id))
-				}
-			}(ids)
-			if err != nil {
-				return nil, fmt.Errorf("%s: fork -n %d: %w", sys, n, err)
-			}
-			m.forkEach = each
-			// What the forks themselves occupy, right after they started: each has written no more
-			// than its counter's few bytes yet.
-			after, err := diskUsage(boxes[sys].diskDirs()...)
-			if err != nil {
-				return nil, err
-			}
-			m.diskBytes = (after - before) / int64(n)
-			for _, id := range ids {
-				m.restores++
-				rootfs := e.d.RootfsPath(id)
-				if err := (workload.Counter{Rootfs: rootfs}).ExpectRestored(e.ctx, at[sys]); err != nil {
-					return nil, fmt.Errorf("%s: fork %s: %w", sys, id, err)
-				}
-				if _, err := waitProbe(rootfs, tokens[sys]); err != nil {
-					return nil, fmt.Errorf("%s: fork %s: %w", sys, id, err)
-				}
-				m.verified++
-				m.shimPeak = max(m.shimPeak, e.shimPeak(id))
-			}
-			for _, id := range ids {
-				if err := e.remove(id); err != nil {
-					return nil, err
-				}
-			}
-			e.progress("%-6s fork -n %-3d total %8s   each p50 %6.0f ms   %d/%d verified", sys, n, fmtMs(m.forkTotal), percentile(each, 0.5), m.verified, m.restores)
+			e.forkN(where{"fan-out", fmt.Sprintf("%d forks", n)}, sys, boxes[sys], m, n, at[sys], tokens[sys])
 		}
 	}
-	return res, nil
+	return res, e.ctx.Err()
+}
+
+// forkN forks checkpoint 0 of b n times into m, verifies each fork and removes them all; an
+// error is recorded.
+func (e *env) forkN(w where, sys string, b sandbox, m *measured, n int, at workload.Count, token string) {
+	before, err := diskUsage(b.diskDirs()...)
+	if err != nil {
+		_, _ = e.op(w, sys, "measuring the disk", func() error { return err })
+		return
+	}
+	var forks []sandbox
+	var each []time.Duration
+	took, err := e.op(w, sys, fmt.Sprintf("fork -n %d", n), func() (err error) {
+		forks, each, err = b.fork(0, n, fmt.Sprintf("%s-fork%d", sys, n))
+		return err
+	})
+	// Forks are removed whatever happened, so that a failure leaves nothing running.
+	defer func() {
+		if err := closeForks(forks); err != nil {
+			_, _ = e.op(w, sys, "removing the forks", func() error { return err })
+		}
+	}()
+	if err != nil {
+		return
+	}
+	m.forkTotal, m.forkEach = took, each
+	// What the forks themselves occupy, right after they started: each has written no more than
+	// its counter's few bytes yet.
+	if after, err := diskUsage(b.diskDirs()...); err == nil {
+		m.diskBytes = (after - before) / int64(n)
+	}
+	for _, f := range forks {
+		m.restores++
+		_, err := e.op(w, sys, "verifying fork "+f.id(), func() error {
+			if err := (workload.Counter{Rootfs: f.rootfs()}).ExpectRestored(e.ctx, at); err != nil {
+				return err
+			}
+			_, err := waitProbe(f.rootfs(), token)
+			return err
+		})
+		if err == nil {
+			m.verified++
+		}
+		m.shimPeak = max(m.shimPeak, f.shimPeak())
+	}
+	e.progress("%-6s fork -n %-3d total %8s   each p50 %6.0f ms   %d/%d verified", sys, n, fmtMs(m.forkTotal), percentile(each, 0.5), m.verified, m.restores)
 }
 
 // closeAll closes every system's sandbox that was started.

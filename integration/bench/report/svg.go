@@ -5,6 +5,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -33,6 +34,11 @@ const (
 // SVG writes c as a standalone SVG document: written by hand so that the benchmark needs no
 // plotting library, and readable in any browser.
 func (c Chart) SVG(w io.Writer) error {
+	c.Series = slices.Clone(c.Series)
+	for i := range c.Series {
+		// A point not measured (NaN, as in Row: every operation of it failed) is not drawn.
+		c.Series[i].Points = slices.DeleteFunc(slices.Clone(c.Series[i].Points), func(p Point) bool { return math.IsNaN(p.X) || math.IsNaN(p.Y) })
+	}
 	xmax, ymax := 0.0, 0.0
 	for _, s := range c.Series {
 		for _, p := range s.Points {
