@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -87,8 +88,9 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 }
 
 // Restore restores the container from o.ImagePath as p (the new init, whose stdio replaces the
-// checkpointed pipes). The container's rootfs must already be mounted.
-func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
+// checkpointed pipes). The container's rootfs must already be mounted. The restore ends, failed,
+// when ctx ends or it passes lim (restoreWatchdog).
+func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o CheckpointOpts, lim RestoreLimits) error {
 	if err := criuReady(); err != nil {
 		return err
 	}
@@ -98,7 +100,21 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 	}
 	opts.LeaveRunning = false
 	p.Init = true
-	if err := c.lc.Restore(p, opts); err != nil {
+	// Until the restored init is held, no exec may join anything: the old init is gone.
+	c.guard.drop()
+	w := c.watchRestore(ctx, opts.WorkDirectory, lim)
+	err = c.lc.Restore(p, opts)
+	if cause := w.stop(); cause != nil {
+		if err == nil {
+			// Finished as the watchdog fired: what it killed may be the restored tasks.
+			_ = c.Signal(unix.SIGKILL, true)
+			err = cause
+		} else {
+			err = fmt.Errorf("%w (CRIU: %w)", cause, err)
+		}
+		return err
+	}
+	if err != nil {
 		return wrap("restore", err)
 	}
 	// libcontainer records the restored init's start time in its state file but not in the
@@ -109,7 +125,7 @@ func (c *Container) Restore(p *libcontainer.Process, o CheckpointOpts) error {
 		return wrap("reload restored container", err)
 	}
 	c.lc = lc
-	return nil
+	return c.guard.hold(c.InitPid())
 }
 
 // initComm is the name libcontainer's init goes by until it execs the user's program.

@@ -19,8 +19,9 @@ import (
 // Container is one libcontainer container. Its methods translate libcontainer's errors into
 // containerd errdefs so the task service can hand them to containerd unchanged.
 type Container struct {
-	lc   *libcontainer.Container
-	root string
+	lc    *libcontainer.Container
+	root  string
+	guard *initGuard // the live init an exec may join
 }
 
 // Create creates the container's state under root (nothing runs yet). A cgroup that still holds
@@ -30,7 +31,7 @@ func Create(root, id string, cfg *configs.Config) (*Container, error) {
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("create container %s (cgroup %s)", id, cgroupPath(cfg)), err)
 	}
-	return &Container{lc: lc, root: root}, nil
+	return &Container{lc: lc, root: root, guard: newInitGuard()}, nil
 }
 
 // Load opens an existing container's state (used by the shim's delete action).
@@ -39,7 +40,12 @@ func Load(root, id string) (*Container, error) {
 	if err != nil {
 		return nil, wrap("load container "+id, err)
 	}
-	return &Container{lc: lc, root: root}, nil
+	c := &Container{lc: lc, root: root, guard: newInitGuard()}
+	if st, err := lc.Status(); err == nil && st != libcontainer.Stopped {
+		// Best effort: a container loaded to be deleted needs no exec.
+		_ = c.guard.hold(c.InitPid())
+	}
+	return c, nil
 }
 
 func cgroupPath(cfg *configs.Config) string {
@@ -53,7 +59,10 @@ func cgroupPath(cfg *configs.Config) string {
 // the task API's Create. Release (task Start) lets it exec the user's program.
 func (c *Container) Start(p *libcontainer.Process) error {
 	p.Init = true
-	return wrap("start container init", c.lc.Start(p))
+	if err := c.lc.Start(p); err != nil {
+		return wrap("start container init", err)
+	}
+	return c.guard.hold(c.InitPid())
 }
 
 // Release lets a created init exec the user's program.
@@ -61,9 +70,13 @@ func (c *Container) Release() error {
 	return wrap("start container", c.lc.Exec())
 }
 
-// Exec runs an additional process in the container's namespaces and cgroup.
+// Exec runs an additional process in the container's namespaces and cgroup: those of its live
+// init, verified through its pidfd (initGuard), never of a pid that may be gone or reused.
 func (c *Container) Exec(p *libcontainer.Process) error {
 	p.Init = false
+	if err := c.verifyInit(); err != nil {
+		return fmt.Errorf("exec process: %w", err)
+	}
 	return wrap("exec process", c.lc.Run(p))
 }
 
@@ -130,6 +143,7 @@ func (c *Container) OOM() (<-chan struct{}, error) {
 // Destroy removes the container's cgroup and state; the container must not be running.
 // It kills what is left (processes in a shared PID namespace) first.
 func (c *Container) Destroy() error {
+	c.guard.drop()
 	if st, err := c.lc.Status(); err == nil && st != libcontainer.Stopped {
 		_ = c.lc.Signal(unix.SIGKILL)
 		c.waitStopped(2 * time.Second)

@@ -53,8 +53,10 @@ type container struct {
 	execs        map[string]*process
 	runningExecs int
 	initExited   bool
-	deleting     bool       // a Delete of init is under way: a second one is refused
-	execsDone    *sync.Cond // signalled when runningExecs drops
+	deleting     bool // a Delete of init is under way: a second one is refused
+	// restoreCancel ends the restore under way, if any (beginRestore).
+	restoreCancel context.CancelCauseFunc
+	execsDone     *sync.Cond // signalled when runningExecs drops
 }
 
 // newContainer mounts the rootfs, converts the spec and creates the container with its init
@@ -96,6 +98,11 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	}
 	c.execsDone = sync.NewCond(&c.mu)
 	c.newEngine = c.createEngine
+	if c.hasLeftovers() {
+		if _, err := recoverContainer(ctx, c.bundle, c.stateRoot, c.id); err != nil {
+			return nil, fmt.Errorf("container %s: what a killed shim left behind cannot be removed: %w", c.id, err)
+		}
+	}
 	if c.checkpoint == "" && spec.Process != nil && ckimage.IsMarker(spec.Process.Args) {
 		if c.checkpoint, err = s.imageCheckpoint(ctx, ns, r.ID, spec); err != nil {
 			return nil, err

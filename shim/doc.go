@@ -25,7 +25,10 @@
 // restore failed deletes it. It never acts on an engine being dumped or destroyed. Waiting was
 // chosen over failing at once (FailedPrecondition, "a checkpoint is in progress") because
 // containerd and the kubelet do not retry a failed Kill or Delete: a refused Kill would leave a
-// container running that its owner wanted gone. Calls that do not touch the engine do not wait:
+// container running that its owner wanted gone. One exception: while CRIU restores (at Start or
+// in place, under its watchdog), a Kill or Delete of the task first ends that restore
+// (cancelRestore), so that it does not wait on a restore that may not finish; the task then ends
+// stopped and the queued call acts on that. Calls that do not touch the engine do not wait:
 // Wait, Stats (the cgroup it read last), CloseIO, ResizePty, Connect, Kill of an exec. The engine
 // itself is read through container.engine(), under the container's mutex, everywhere.
 //

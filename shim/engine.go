@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"syscall"
 
 	"github.com/opencontainers/runc/libcontainer"
@@ -15,7 +16,7 @@ type engine interface {
 	Start(p *libcontainer.Process) error
 	Release() error
 	Exec(p *libcontainer.Process) error
-	Restore(p *libcontainer.Process, o runtime.CheckpointOpts) error
+	Restore(ctx context.Context, p *libcontainer.Process, o runtime.CheckpointOpts, lim runtime.RestoreLimits) error
 	Signal(sig syscall.Signal, all bool) error
 	Pause() error
 	Resume() error
@@ -28,6 +29,7 @@ type engine interface {
 	PrepareDump(work string, options ...string) error
 	Checkpoint(o runtime.CheckpointOpts) error
 	Destroy() error
+	Stdio() ([]string, error)
 }
 
 var _ engine = (*runtime.Container)(nil)

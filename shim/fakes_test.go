@@ -80,8 +80,13 @@ func (e *fakeEngine) called() []string {
 func (e *fakeEngine) Start(*libcontainer.Process) error { return e.call("Start") }
 func (e *fakeEngine) Release() error                    { return e.call("Release") }
 func (e *fakeEngine) Exec(*libcontainer.Process) error  { return e.call("Exec") }
-func (e *fakeEngine) Restore(*libcontainer.Process, runtime.CheckpointOpts) error {
+func (e *fakeEngine) Restore(context.Context, *libcontainer.Process, runtime.CheckpointOpts, runtime.RestoreLimits) error {
 	return e.call("Restore")
+}
+
+// Stdio: no pipe for a checkpoint to hold.
+func (e *fakeEngine) Stdio() ([]string, error) {
+	return []string{"/dev/null", "/dev/null", "/dev/null"}, e.call("Stdio")
 }
 
 func (e *fakeEngine) Signal(sig syscall.Signal, all bool) error {

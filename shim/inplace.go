@@ -171,7 +171,14 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 		_ = eng.Destroy()
 		return err
 	}
-	if err := eng.Restore(lp, ip.restore); err != nil {
+	rctx, limits, end, err := c.beginRestore(ctx, ip.s.config)
+	if err != nil {
+		_ = eng.Destroy()
+		return err
+	}
+	err = eng.Restore(rctx, lp, ip.restore, limits)
+	end()
+	if err != nil {
 		_ = eng.Destroy()
 		return keepRestoreLog(c.bundle, ip.restore.WorkPath, err)
 	}
@@ -212,7 +219,7 @@ type taskHold struct {
 }
 
 func holdTask(c *container, netns bool) (*taskHold, error) {
-	stdio, err := holdStdio(c.init)
+	stdio, err := holdStdio(c.init, c.engine())
 	if err != nil {
 		return nil, err
 	}

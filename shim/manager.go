@@ -2,7 +2,6 @@ package shim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -160,8 +159,8 @@ func joinShimCgroup(opts *bootapi.BootstrapParams, pid int) error {
 	return cg.AddProc(uint64(pid))
 }
 
-// Stop cleans up after a shim that is gone: kill and destroy the container, unmount its rootfs
-// and report the init's exit (recorded in the bundle when the shim saw it, else SIGKILL).
+// Stop cleans up after a shim that is gone, whenever it died (recover.go): kill and destroy the
+// container, unmount its rootfs and report the init's exit (recorded in the bundle when the shim saw it, else SIGKILL).
 func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	bundle, err := os.Getwd()
 	if err != nil {
@@ -175,15 +174,7 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	if err != nil {
 		return shim.StopStatus{}, err
 	}
-	var pid int
-	if c, err := runtime.Load(stateRoot(opts, ns), id); err == nil {
-		pid = c.InitPid()
-		if err := c.Destroy(); err != nil {
-			log.G(ctx).WithError(err).Warn("destroy container")
-		}
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		log.G(ctx).WithError(err).Warn("load container")
-	}
+	pid, _ := recoverContainer(ctx, bundle, stateRoot(opts, ns), id)
 	stopped := time.Now()
 	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), 0); err != nil {
 		log.G(ctx).WithError(err).Warn("unmount rootfs")

@@ -6,6 +6,8 @@ import (
 	"github.com/containerd/containerd/v2/plugins"
 	"github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
+
+	"github.com/cklite/cklite/runtime"
 )
 
 // Register registers the task service as pkg/shim's ttrpc plugin (like runc-v2's task plugin).
@@ -21,6 +23,10 @@ func Register() {
 			}
 			ss, err := ic.GetByID(plugins.InternalPlugin, "shutdown")
 			if err != nil {
+				return nil, err
+			}
+			// The serving shim runs in the bundle: CRIU's wrapper lives there (see criuproc.go).
+			if err := runtime.InstallCRIUWrapper(".cklite-criu"); err != nil {
 				return nil, err
 			}
 			return newService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), ic.Properties[plugins.PropertyGRPCAddress])

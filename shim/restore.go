@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/criuimage"
 	"github.com/cklite/cklite/runtime"
 )
 
@@ -30,13 +31,13 @@ import (
 func (s *service) prepareRestore(ctx context.Context, ns string, c *container, rootfs []mount.Mount) ([]mount.Mount, error) {
 	meta, err := checkpoint.Read(c.checkpoint)
 	if errdefs.IsNotFound(err) {
-		return rootfs, checkpoint.CheckImages(c.checkpoint) // a stock CRIU image
+		return rootfs, admitImages(c.checkpoint, c.spec) // a stock CRIU image
 	}
 	if err != nil {
 		return nil, err
 	}
 	if meta.Contents.HasMemory() {
-		if err := checkpoint.CheckImages(c.checkpoint); err != nil {
+		if err := admitImages(c.checkpoint, c.spec); err != nil {
 			return nil, err
 		}
 	}
@@ -52,6 +53,16 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 		c.checkpoint = ""
 	}
 	return rootfs, nil
+}
+
+// admitImages checks a CRIU image directory before anything is restored from it: complete, and
+// asking for nothing beyond spec (pkg/criuimage). Every restore is admitted, whatever made the
+// image: it may come from another host, a registry or another container.
+func admitImages(dir string, spec *specs.Spec) error {
+	if err := checkpoint.CheckImages(dir); err != nil {
+		return err
+	}
+	return criuimage.Admit(dir, spec)
 }
 
 // restoreConfig prepares the configuration of a container created to restore a checkpoint: the
@@ -126,10 +137,15 @@ func (s *service) restore(ctx context.Context, c *container) error {
 		defer os.RemoveAll(work)
 	}
 	defer c.closeNetNS()
+	rctx, limits, end, err := c.beginRestore(ctx, s.config)
+	if err != nil {
+		return err
+	}
+	defer end()
 	release := s.reaper.hold()
 	defer release()
-	err := s.startInit(ctx, c, func(lp *libcontainer.Process) error {
-		err := c.engine().Restore(lp, criuOptions(c.checkpoint, work, c.dumped, false))
+	err = s.startInit(ctx, c, func(lp *libcontainer.Process) error {
+		err := c.engine().Restore(rctx, lp, criuOptions(c.checkpoint, work, c.dumped, false), limits)
 		if err != nil {
 			return fmt.Errorf("restore from %s: %w", c.checkpoint, keepRestoreLog(c.bundle, work, err))
 		}

@@ -226,6 +226,11 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if err != nil {
 		return nil, err
 	}
+	if p.init {
+		// A restore under way (CRIU under its watchdog) is ended rather than waited for, as
+		// by a Kill: the task then ends stopped and is deleted.
+		c.cancelRestore(fmt.Errorf("task deleted"))
+	}
 	c.lifecycle.Lock()
 	defer c.lifecycle.Unlock()
 	if err := p.expect("delete", statusCreated, statusStopped); err != nil {
@@ -411,6 +416,10 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 		return nil, err
 	}
 	sig := syscall.Signal(r.Signal)
+	if p.init && c.cancelRestore(fmt.Errorf("task killed (signal %d)", sig)) {
+		// The restore fails and the task ends stopped: nothing else to signal.
+		return empty, nil
+	}
 	if !p.init {
 		err = p.signal(sig)
 	} else {

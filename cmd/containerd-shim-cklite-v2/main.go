@@ -4,16 +4,24 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/opencontainers/runc/libcontainer"
 	_ "github.com/opencontainers/runc/libcontainer/nsenter" // nsexec runs before Go in "init"
 
+	"github.com/cklite/cklite/runtime"
 	cklite "github.com/cklite/cklite/shim"
 )
 
 func init() {
+	// Run by libcontainer as "criu": the wrapper that ties CRIU's life to the shim's.
+	if runtime.IsCRIUWrapper() {
+		err := runtime.RunCRIUWrapper()
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	// The container init must not run the shim's setup: it is libcontainer's, from here on.
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init()

@@ -47,9 +47,26 @@ func (c Counter) Read() (Count, error) {
 	return x, nil
 }
 
+// How long a counter may take to count as asked, and to write its first count: the first
+// includes the container's start and whatever runs before the counter (a python sandbox that
+// fills 256 MiB first takes well over 30 s on a loaded 2-core machine).
+const (
+	countTimeout = 30 * time.Second
+	startTimeout = 3 * time.Minute
+)
+
 // WaitFor polls the counter until ok holds, for at most 30 seconds.
 func (c Counter) WaitFor(ctx context.Context, what string, ok func(Count) bool) (Count, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	return c.waitFor(ctx, what, countTimeout, ok)
+}
+
+// WaitStarted waits for the counter's first count, for at most startTimeout.
+func (c Counter) WaitStarted(ctx context.Context) (Count, error) {
+	return c.waitFor(ctx, "a first count", startTimeout, func(Count) bool { return true })
+}
+
+func (c Counter) waitFor(ctx context.Context, what string, limit time.Duration, ok func(Count) bool) (Count, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var last Count
 	var err error
@@ -68,7 +85,7 @@ func (c Counter) WaitFor(ctx context.Context, what string, ok func(Count) bool) 
 // Advance lets the counter run until it has counted at least n more, then holds it still and
 // returns where it stopped.
 func (c Counter) Advance(ctx context.Context, n int) (Count, error) {
-	start, err := c.WaitFor(ctx, "a first count", func(Count) bool { return true })
+	start, err := c.WaitStarted(ctx)
 	if err != nil {
 		return Count{}, err
 	}

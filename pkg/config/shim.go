@@ -27,7 +27,20 @@ type Shim struct {
 	// pkg/paths): the image directories of `cklite checkpoint create` and the CRIU images
 	// extracted from checkpoint images. Default paths.DefaultStateDir.
 	StateDir string `toml:"state_dir"`
+	// RestoreTimeout bounds a CRIU restore (a Go duration); past it CRIU and the half-restored
+	// task are killed and the restore fails. Default DefaultRestoreTimeout; "0s": no limit.
+	RestoreTimeout string `toml:"restore_timeout"`
+	// RestoreLogLimitMiB bounds CRIU's restore.log, in MiB (fractions allowed); past it the
+	// restore is ended as past its timeout. Default DefaultRestoreLogLimitMiB; 0: no limit.
+	RestoreLogLimitMiB *float64 `toml:"restore_log_limit_mib"`
 }
+
+// Defaults of the restore limits: a container's restore takes well under a second per GiB of
+// memory here, and writes a few hundred KiB of log.
+const (
+	DefaultRestoreTimeout     = "60s"
+	DefaultRestoreLogLimitMiB = 64
+)
 
 // ShimConfigPath is the shim's configuration file: ShimConfigEnv's, else the default one.
 func ShimConfigPath() string {
@@ -51,7 +64,31 @@ func LoadShim() (Shim, error) {
 	if _, err := c.DefaultTTL(); err != nil {
 		return c, fmt.Errorf("configuration %s: %w", path, err)
 	}
+	if _, _, err := c.RestoreLimits(); err != nil {
+		return c, fmt.Errorf("configuration %s: %w", path, err)
+	}
 	return c, nil
+}
+
+// RestoreLimits are RestoreTimeout and RestoreLogLimitMiB (in bytes) with their defaults; 0
+// means no limit.
+func (c Shim) RestoreLimits() (timeout time.Duration, logBytes int64, err error) {
+	s := c.RestoreTimeout
+	if s == "" {
+		s = DefaultRestoreTimeout
+	}
+	timeout, err = time.ParseDuration(s)
+	if err != nil || timeout < 0 {
+		return 0, 0, fmt.Errorf("restore_timeout %q: want a duration such as 60s (0s: none)", c.RestoreTimeout)
+	}
+	mib := float64(DefaultRestoreLogLimitMiB)
+	if c.RestoreLogLimitMiB != nil {
+		mib = *c.RestoreLogLimitMiB
+	}
+	if mib < 0 {
+		return 0, 0, fmt.Errorf("restore_log_limit_mib %g: want MiB >= 0 (0: none)", mib)
+	}
+	return timeout, int64(mib * (1 << 20)), nil
 }
 
 // DefaultTTL is CheckpointTTL parsed; 0 means none.

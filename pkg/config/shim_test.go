@@ -28,22 +28,9 @@ func TestLoadShim(t *testing.T) {
 		{name: "named file missing", wantErr: "reading configuration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "shim.toml")
-			if tc.file != "" {
-				if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-			t.Setenv(ShimConfigEnv, path)
-			c, err := LoadShim()
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("LoadShim = %+v, %v; want an error naming %q", c, err, tc.wantErr)
-				}
+			c, ok := loadShimFile(t, tc.file, tc.wantErr)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if ttl, _ := c.DefaultTTL(); ttl != tc.wantTTL {
 				t.Fatalf("DefaultTTL = %v, want %v", ttl, tc.wantTTL)
@@ -67,4 +54,56 @@ func TestContribConfigs(t *testing.T) {
 	if _, err := LoadSnapshotter(filepath.Join("..", "..", "contrib", "snapshotter.toml")); err != nil {
 		t.Errorf("contrib/snapshotter.toml: %v", err)
 	}
+}
+
+func TestRestoreLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		file        string
+		wantTimeout time.Duration
+		wantLog     int64
+		wantErr     string
+	}{
+		{name: "defaults", file: "\n", wantTimeout: time.Minute, wantLog: 64 << 20},
+		{name: "set", file: "restore_timeout = \"5s\"\nrestore_log_limit_mib = 0.5", wantTimeout: 5 * time.Second, wantLog: 512 << 10},
+		{name: "no limits", file: "restore_timeout = \"0s\"\nrestore_log_limit_mib = 0"},
+		{name: "bad timeout", file: `restore_timeout = "a while"`, wantErr: "restore_timeout"},
+		{name: "negative timeout", file: `restore_timeout = "-1s"`, wantErr: "restore_timeout"},
+		{name: "negative log limit", file: `restore_log_limit_mib = -1`, wantErr: "restore_log_limit_mib"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, ok := loadShimFile(t, tc.file, tc.wantErr)
+			if !ok {
+				return
+			}
+			timeout, logBytes, err := c.RestoreLimits()
+			if err != nil || timeout != tc.wantTimeout || logBytes != tc.wantLog {
+				t.Fatalf("RestoreLimits = %v, %d, %v; want %v, %d", timeout, logBytes, err, tc.wantTimeout, tc.wantLog)
+			}
+		})
+	}
+}
+
+// loadShimFile loads file ("": none) as the shim's configuration and checks the error against
+// wantErr; it reports whether there is a configuration to look at.
+func loadShimFile(t *testing.T, file, wantErr string) (Shim, bool) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "shim.toml")
+	if file != "" {
+		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv(ShimConfigEnv, path)
+	c, err := LoadShim()
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("LoadShim = %+v, %v; want an error naming %q", c, err, wantErr)
+		}
+		return c, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, true
 }

@@ -63,7 +63,7 @@ func (e *env) ready(b sandbox, probed bool) (string, error) {
 	if probed {
 		return waitProbe(b.rootfs(), "")
 	}
-	c, err := (workload.Counter{Rootfs: b.rootfs()}).WaitFor(e.ctx, "a first count", func(workload.Count) bool { return true })
+	c, err := (workload.Counter{Rootfs: b.rootfs()}).WaitStarted(e.ctx)
 	return c.Token, err
 }
 

@@ -1,0 +1,236 @@
+package criuimage
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// msg builds a protobuf message from (field, value) pairs: uint32/uint64/bool as varints,
+// string and []byte as bytes, []uint32 as unpacked repeated varints.
+func msg(kv ...any) []byte {
+	var b []byte
+	for i := 0; i < len(kv); i += 2 {
+		num := protowire.Number(kv[i].(int))
+		switch v := kv[i+1].(type) {
+		case int:
+			b = protowire.AppendTag(b, num, protowire.VarintType)
+			b = protowire.AppendVarint(b, uint64(v))
+		case bool:
+			b = protowire.AppendTag(b, num, protowire.VarintType)
+			b = protowire.AppendVarint(b, protowire.EncodeBool(v))
+		case string:
+			b = protowire.AppendTag(b, num, protowire.BytesType)
+			b = protowire.AppendString(b, v)
+		case []byte:
+			b = protowire.AppendTag(b, num, protowire.BytesType)
+			b = protowire.AppendBytes(b, v)
+		case []uint32:
+			for _, x := range v {
+				b = protowire.AppendTag(b, num, protowire.VarintType)
+				b = protowire.AppendVarint(b, uint64(x))
+			}
+		default:
+			panic("msg: unsupported value")
+		}
+	}
+	return b
+}
+
+// image encodes entries as a CRIU image with magic.
+func image(magic uint32, entries ...[]byte) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, magicCommon)
+	b = binary.LittleEndian.AppendUint32(b, magic)
+	for _, e := range entries {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(e)))
+		b = append(b, e...)
+	}
+	return b
+}
+
+const (
+	capChown     = 0
+	capSetgid    = 6
+	capSetuid    = 7
+	capSysAdmin  = 21
+	capNetRaw    = 13
+	defaultPages = 3
+)
+
+// creds are a process's credentials: uid/gid 0, capabilities caps (a mask) in every set.
+func creds(uid int, caps uint64) []byte {
+	lo, hi := uint32(caps), uint32(caps>>32)
+	return msg(1, uid, 2, 0, 3, uid, 4, 0, 5, uid, 6, 0, 7, uid, 8, 0,
+		9, []uint32{0, 0}, 10, []uint32{lo, hi}, 11, []uint32{lo, hi}, 12, []uint32{lo, hi}, 13, 0)
+}
+
+// fixture is the image directory of one process, pid 1, with the given parts.
+type fixture struct {
+	creds   []byte
+	seccomp int
+	ids     []byte // task ids of pid 1
+	mounts  [][]byte
+	pages   int // bytes in pages-1.img
+}
+
+func (f fixture) write(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	hostIDs := msg(1, 1, 2, 1, 3, 1, 4, 1, 5, 100, 6, 101, 9, 104)
+	files := map[string][]byte{
+		"inventory.img": image(magicInventory, msg(1, 2, 3, hostIDs)),
+		"pstree.img":    image(magicPstree, msg(1, 1, 2, 0, 3, 1, 4, 1, 5, []uint32{1})),
+		"core-1.img": image(magicCore, msg(1, 1, 3, msg(1, 1, 2, 0, 3, 0, 4, 0, 5, 0, 6, "sh"), 4, f.ids,
+			5, msg(1, 0, 2, 0, 10, f.creds, 11, f.seccomp))),
+		"pagemap-1.img":     image(magicPagemap, msg(1, 1), msg(1, 0x400000, 2, 0, 4, pagePresent, 5, 2), msg(1, 0x500000, 2, 1, 4, pagePresent), msg(1, 0x600000, 2, 0, 4, 0, 5, 5)),
+		"pages-1.img":       make([]byte, f.pages),
+		"mountpoints-9.img": image(magicMnts, f.mounts...),
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func mnt(id, parent, fstype, dev int, mp, source string, ext ...string) []byte {
+	b := msg(1, fstype, 2, id, 3, dev, 4, parent, 5, 0, 6, "/", 7, mp, 8, source, 9, "")
+	if len(ext) > 0 {
+		b = append(b, msg(13, true, 18, ext[0])...)
+	}
+	return b
+}
+
+func TestAdmit(t *testing.T) {
+	page := os.Getpagesize()
+	bounding := []string{"CAP_CHOWN", "CAP_SETUID", "CAP_SETGID", "CAP_NET_RAW"}
+	const specCaps = 1<<capChown | 1<<capSetuid | 1<<capSetgid | 1<<capNetRaw
+	spec := func() *specs.Spec {
+		return &specs.Spec{
+			Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: bounding}},
+			Mounts: []specs.Mount{
+				{Destination: "/proc", Type: "proc"},
+				{Destination: "/sys/fs/cgroup", Type: "cgroup"},
+				{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/nerdctl/hosts", Options: []string{"rbind"}},
+			},
+			Linux: &specs.Linux{
+				Namespaces:  []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}},
+				MaskedPaths: []string{"/proc/kcore"},
+			},
+		}
+	}
+	goodMounts := [][]byte{
+		mnt(10, 1, 17, 50, "/", "overlay"),
+		mnt(11, 10, fsProc, 4, "/proc", "proc"),
+		mnt(12, 11, 3, 6, "/proc/kcore", "devtmpfs", "/dev/null"),
+		mnt(13, 10, fsTmpfs, 61, "/sys/fs/cgroup", "tmpfs"),
+		mnt(14, 13, fsCgroup, 62, "/sys/fs/cgroup/memory", "cgroup"),
+		mnt(15, 10, 0, 8, "/etc/hosts", "/dev/vda1", "/etc/hosts"),
+	}
+	good := fixture{creds: creds(0, specCaps), ids: msg(1, 2, 2, 2, 3, 2, 4, 2, 5, 200, 6, 201, 9, 204), mounts: goodMounts, pages: defaultPages * page}
+	for _, tc := range []struct {
+		name   string
+		change func(f *fixture, s *specs.Spec)
+		kind   func(error) bool // nil: admitted
+		reason string
+	}{
+		{name: "as dumped", change: func(*fixture, *specs.Spec) {}},
+		{name: "pages truncated", change: func(f *fixture, _ *specs.Spec) { f.pages = defaultPages*page - 1 }, kind: errdefs.IsInvalidArgument, reason: "truncated"},
+		{name: "pages empty", change: func(f *fixture, _ *specs.Spec) { f.pages = 0 }, kind: errdefs.IsInvalidArgument, reason: "pages-1.img is 0 bytes"},
+		{name: "pages padded", change: func(f *fixture, _ *specs.Spec) { f.pages = (defaultPages + 1) * page }, kind: errdefs.IsInvalidArgument, reason: "padded"},
+		{name: "capability raised", change: func(f *fixture, _ *specs.Spec) { f.creds = creds(0, specCaps|1<<capSysAdmin) },
+			kind: errdefs.IsPermissionDenied, reason: "CAP_SYS_ADMIN beyond the spec's bounding set"},
+		{name: "capabilities dropped", change: func(f *fixture, _ *specs.Spec) { f.creds = creds(0, 1<<capChown) }},
+		{name: "other uid with CAP_SETUID", change: func(f *fixture, _ *specs.Spec) { f.creds = creds(1000, specCaps) }},
+		{name: "other uid without CAP_SETUID", change: func(f *fixture, s *specs.Spec) {
+			s.Process.Capabilities.Bounding = []string{"CAP_CHOWN"}
+			f.creds = creds(0, 1<<capChown)
+			s.Process.User.UID = 1000
+		}, kind: errdefs.IsPermissionDenied, reason: "uid 0, the spec runs uid 1000"},
+		{name: "no seccomp where the spec has a filter", change: func(_ *fixture, s *specs.Spec) { s.Linux.Seccomp = &specs.LinuxSeccomp{} },
+			kind: errdefs.IsPermissionDenied, reason: "seccomp mode 0"},
+		{name: "seccomp filter", change: func(f *fixture, s *specs.Spec) { s.Linux.Seccomp = &specs.LinuxSeccomp{}; f.seccomp = 2 }},
+		{name: "host's mount namespace", change: func(f *fixture, _ *specs.Spec) { f.ids = msg(1, 2, 2, 2, 3, 2, 4, 2, 5, 200, 6, 201, 9, 104) },
+			kind: errdefs.IsPermissionDenied, reason: "host's mount namespace"},
+		{name: "host disk mounted", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 11, fsAuto, 8, "/proc/host", "/dev/vda1"))
+		}, kind: errdefs.IsPermissionDenied, reason: "mount /proc/host"},
+		{name: "mount outside the spec", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 10, fsTmpfs, 70, "/host", "tmpfs"))
+		}, kind: errdefs.IsPermissionDenied, reason: "not a mount of the container's spec"},
+		{name: "external mount not in the spec", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts[:5:5], mnt(15, 10, 0, 8, "/etc/hosts", "/dev/vda1", "/etc/shadow"))
+		}, kind: errdefs.IsPermissionDenied, reason: "external mount \"/etc/shadow\""},
+		{name: "cgroup v1 hierarchy as libcontainer's external mount", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 13, fsCgroup, 63, "/sys/fs/cgroup/systemd", "cgroup", "/sys/fs/cgroup/systemd"))
+		}},
+		{name: "external tmpfs below the cgroup mount", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 13, fsTmpfs, 63, "/sys/fs/cgroup/x", "tmpfs", "/sys/fs/cgroup/x"))
+		}, kind: errdefs.IsPermissionDenied, reason: "external mount \"/sys/fs/cgroup/x\""},
+		{name: "/dev/null over a path the spec does not mask", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 11, 3, 6, "/proc/sysrq-trigger", "devtmpfs", "/dev/null"))
+		}, kind: errdefs.IsPermissionDenied, reason: "mount /proc/sysrq-trigger"},
+		{name: "bind from the rootfs", change: func(f *fixture, s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/data", Type: "bind", Source: "/srv"})
+			f.mounts = append(goodMounts, mnt(16, 10, 17, 50, "/data", "overlay"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, s := good, spec()
+			tc.change(&f, s)
+			err := Admit(f.write(t), s)
+			if tc.kind == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !tc.kind(err) || !strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("error %v, want one of the expected kind naming %q", err, tc.reason)
+			}
+		})
+	}
+}
+
+func TestSplitImage(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		b       []byte
+		entries int
+		wantErr string
+	}{
+		{name: "empty file", b: nil, wantErr: "too short"},
+		{name: "wrong magic", b: image(magicCore, msg(1, 1)), wantErr: "magic"},
+		{name: "one entry", b: image(magicPstree, msg(1, 1)), entries: 1},
+		{name: "no image-set magic", b: image(magicPstree, msg(1, 1))[4:], entries: 1},
+		{name: "truncated entry", b: image(magicPstree, msg(1, 1, 6, "abc"))[:14], wantErr: "truncated"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			es, err := splitImage("x.img", tc.b, magicPstree)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one naming %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || len(es) != tc.entries {
+				t.Fatalf("%d entries, %v; want %d", len(es), err, tc.entries)
+			}
+		})
+	}
+}
+
+func TestReadMissing(t *testing.T) {
+	_, err := Read(t.TempDir())
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("empty directory: %v, want not exist", err)
+	}
+}
