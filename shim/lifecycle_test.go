@@ -127,7 +127,11 @@ func TestCallsDuringCheckpoint(t *testing.T) {
 					_, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "c", Path: dir})
 					ckDone <- err
 				}()
-				<-e.entered
+				select {
+				case <-e.entered:
+				case err := <-ckDone:
+					t.Fatalf("Checkpoint ended before its dump: %v", err)
+				}
 				if st := c.init.status(); st != statusCheckpointing {
 					t.Fatalf("during the dump the init is %s, want checkpointing", st)
 				}
@@ -177,7 +181,11 @@ func TestCallsDuringFailedRollback(t *testing.T) {
 			dir := memoryCheckpoint(t)
 			rbDone := make(chan error, 1)
 			go func() { rbDone <- s.rollbackInPlace(ctx, c, dir, false) }()
-			<-e.entered
+			select {
+			case <-e.entered:
+			case err := <-rbDone:
+				t.Fatalf("rollback ended before its kill: %v", err)
+			}
 			if st := c.init.status(); st != statusRestoring {
 				t.Fatalf("during the rollback the init is %s, want restoring", st)
 			}

@@ -31,13 +31,13 @@ import (
 func (s *service) prepareRestore(ctx context.Context, ns string, c *container, rootfs []mount.Mount) ([]mount.Mount, error) {
 	meta, err := checkpoint.Read(c.checkpoint)
 	if errdefs.IsNotFound(err) {
-		return rootfs, admitImages(c.checkpoint, c.spec) // a stock CRIU image
+		return rootfs, s.admit(c.checkpoint, c.spec) // a stock CRIU image
 	}
 	if err != nil {
 		return nil, err
 	}
 	if meta.Contents.HasMemory() {
-		if err := admitImages(c.checkpoint, c.spec); err != nil {
+		if err := s.admit(c.checkpoint, c.spec); err != nil {
 			return nil, err
 		}
 	}
