@@ -4,6 +4,7 @@ package integration
 // own, to nerdctl as to the kernel, and outlive the container they were forked from.
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,8 +33,11 @@ func TestForksMany(t *testing.T) {
 	testForks(t, n)
 }
 
-// tickScript is the counter with a line on stdout every 100 ms, for nerdctl logs.
-const tickScript = `(while :; do echo tick; sleep 0.1; done) & ` + workload.CounterScript
+// forkScript is the counter at 2 rounds a second, with a line on stdout every second for nerdctl
+// logs. The usual 50 rounds a second, each forking, in every fork would keep a cgroup v1 freezer
+// from freezing any of them on a loaded machine ("pause: unable to freeze": each task must be
+// scheduled to freeze), whatever cklite does.
+var forkScript = `(while :; do echo tick; sleep 1; done) & ` + strings.Replace(workload.CounterScript, "sleep 0.02", "sleep 0.5", 1)
 
 // forkLine is what `cklite fork` prints for a fork that runs: its name and short id.
 var forkRunningRE = regexp.MustCompile(`(?m)^  (\S+) \(([0-9a-f]{12})\) running, restored in \S+$`)
@@ -44,10 +48,17 @@ var forkRunningRE = regexp.MustCompile(`(?m)^  (\S+) \(([0-9a-f]{12})\) running,
 // network; then removes the parent with nerdctl and checkpoints and rolls back the forks (at most
 // 10 of them), and removes them by name.
 func testForks(t *testing.T, n int) {
+	if !strings.Contains(forkScript, "sleep 0.5") {
+		t.Fatal("the counter script no longer sleeps 0.02 s a round: update forkScript")
+	}
 	e := newCkEnv(t)
+	// A fork may take a minute on a loaded machine: ckTimeout is for one container.
+	ctx, cancel := context.WithTimeout(e.d.Context(context.Background()), ckTimeout+time.Duration(n)*time.Minute)
+	t.Cleanup(cancel)
+	e.ctx = ctx
 	network := bridgeNetwork(t, e.d)
 	const parent = "web"
-	parentID := runDetached(t, e.d, harness.CkliteRuntime, parent, []string{"--snapshotter", ckliteSnapshotter, "--net", network}, "sh", "-c", tickScript)
+	parentID := runDetached(t, e.d, harness.CkliteRuntime, parent, []string{"--snapshotter", ckliteSnapshotter, "--net", network}, "sh", "-c", forkScript)
 	waitForStatus(t, e.d, parent, "running")
 	parentNet := readNetState(t, e, parent)
 	parentResolv := mustNerdctl(t, e.d, "exec", parent, "cat", "/etc/resolv.conf")
@@ -99,6 +110,9 @@ func testForks(t *testing.T, n int) {
 			t.Fatalf("%s has address %s, as %s has", name, ip[1], other)
 		}
 		ips[ip[1]] = name
+		if cgroups := forkCgroups(t, e, ids[i]); strings.Contains(cgroups, parentID) {
+			t.Fatalf("%s's processes are in the parent's cgroups:\n%s", name, cgroups)
+		}
 		eventually(t, "nerdctl logs of "+name, func() error {
 			if logs := mustNerdctl(t, e.d, "logs", name); !strings.Contains(logs, "tick") {
 				return fmt.Errorf("no tick in %q", logs)
@@ -121,14 +135,14 @@ func testForks(t *testing.T, n int) {
 		c := newCounter(e.d.RootfsPath(ids[i]))
 		writeMarks(t, c.Rootfs, name)
 		at := c.advance(t, 3)
-		out := cklite(t, e.d, "checkpoint", "create", ids[i])
+		out := cklite(t, e.d, "checkpoint", "create", name) // by nerdctl name, as nerdctl takes it
 		fk := regexp.MustCompile(`checkpoint ([0-9a-f]{12}) `).FindStringSubmatch(out)
 		if fk == nil {
 			t.Fatalf("cklite checkpoint create of %s printed no id:\n%s", name, out)
 		}
 		waitForStatus(t, e.d, name, "running")
 		changeMarks(t, c.Rootfs, name)
-		cklite(t, e.d, "rollback", ids[i], fk[1])
+		cklite(t, e.d, "rollback", name, fk[1])
 		expectRolledBack(t, c, at, name)
 		waitForStatus(t, e.d, name, "running")
 	}
@@ -142,4 +156,22 @@ func testForks(t *testing.T, n int) {
 			t.Fatalf("after nerdctl rm %s: %v left", name, append(dirs, names...))
 		}
 	}
+}
+
+// forkCgroups is /proc/PID/cgroup of container id's init.
+func forkCgroups(t *testing.T, e *ckEnv, id string) string {
+	t.Helper()
+	c, err := e.d.Client().LoadContainer(e.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Task(e.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", task.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
 }

@@ -71,12 +71,10 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	// CRIU freezes a thawed cgroup v1 by writing FROZEN and polling the state every 100 ms; its
 	// first poll mostly reads FREEZING still, so a dump waited 100 ms for nothing. libcontainer's
 	// freeze polls in microseconds, and CRIU takes a frozen cgroup as it is and leaves it frozen.
-	thaw := !c.Paused()
-	if thaw {
-		if err := c.Pause(); err != nil {
-			return err
-		}
-	}
+	// libcontainer gives up on a cgroup v1 freezer within about a second ("unable to freeze"):
+	// on a loaded host every task must first be scheduled to freeze. Then CRIU freezes the
+	// cgroup itself, with its own, longer, timeout.
+	thaw := !c.Paused() && c.Pause() == nil
 	err = wrap("checkpoint", c.lc.Checkpoint(opts))
 	if thaw {
 		// After an exit the processes are gone or going: thawing lets a killed one finish.
@@ -105,14 +103,13 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 	w := c.watchRestore(ctx, opts.WorkDirectory, lim)
 	err = c.lc.Restore(p, opts)
 	if cause := w.stop(); cause != nil {
+		// Whatever CRIU restored before it was killed (a restorer looping on a short page file
+		// outlives CRIU) or by the time it finished goes too.
+		_ = c.Signal(unix.SIGKILL, true)
 		if err == nil {
-			// Finished as the watchdog fired: what it killed may be the restored tasks.
-			_ = c.Signal(unix.SIGKILL, true)
-			err = cause
-		} else {
-			err = fmt.Errorf("%w (CRIU: %w)", cause, err)
+			return cause
 		}
-		return err
+		return fmt.Errorf("%w (CRIU: %v)", cause, err)
 	}
 	if err != nil {
 		return wrap("restore", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -104,9 +105,9 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 // ckliteContainer loads container id and refuses it, before anything is asked of its task, unless
 // it runs on cklite's runtime.
 func ckliteContainer(ctx context.Context, ctrd *client.Client, id string) (client.Container, error) {
-	c, err := ctrd.LoadContainer(ctx, id)
+	c, err := lookupContainer(ctx, ctrd, id)
 	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", id, err)
+		return nil, err
 	}
 	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
 	if err != nil {
@@ -121,6 +122,32 @@ func ckliteContainer(ctx context.Context, ctrd *client.Client, id string) (clien
 		return nil, err
 	}
 	return c, nil
+}
+
+// lookupContainer finds a container as nerdctl does: by id, else by its nerdctl name (a fork's
+// name included), else by a unique id prefix.
+func lookupContainer(ctx context.Context, ctrd *client.Client, ref string) (client.Container, error) {
+	c, err := ctrd.LoadContainer(ctx, ref)
+	if err == nil || !errdefs.IsNotFound(err) {
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", ref, err)
+		}
+		return c, nil
+	}
+	for _, filter := range []string{fmt.Sprintf("labels.%q==%q", "nerdctl/name", ref), fmt.Sprintf("id~=^%s", regexp.QuoteMeta(ref))} {
+		cs, err := ctrd.Containers(ctx, filter)
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", ref, err)
+		}
+		switch len(cs) {
+		case 0:
+			continue
+		case 1:
+			return cs[0], nil
+		}
+		return nil, fmt.Errorf("container %s: %d containers match; give more of the id: %w", ref, len(cs), errdefs.ErrInvalidArgument)
+	}
+	return nil, fmt.Errorf("container %s: no container has this id, name or id prefix: %w", ref, errdefs.ErrNotFound)
 }
 
 // shimBinary is the path of the binary of the shim running c's task, or "" when that cannot be

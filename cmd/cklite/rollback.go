@@ -25,7 +25,8 @@ func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error
 			return err
 		}
 		defer ctrd.Close()
-		if _, err := ckliteContainer(ctx, ctrd, args[0]); err != nil {
+		c, err := ckliteContainer(ctx, ctrd, args[0])
+		if err != nil {
 			return err
 		}
 		src, err := forkSource(checkpoint.NewTree(records), args[1:], *imagePath)
@@ -43,7 +44,7 @@ func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error
 		// The task API has no rollback: the shim takes it as an annotation of an Update, which
 		// containerd passes on unchanged.
 		_, err = ctrd.TaskService().Update(ctx, &tasks.UpdateTaskRequest{
-			ContainerID: args[0],
+			ContainerID: c.ID(),
 			Annotations: annotations,
 		})
 		if err != nil {
