@@ -67,8 +67,10 @@ vet:
 ## test: unit tests, then the integration tests against a real containerd
 test: deps build vet test-unit test-integration
 
+## test-unit: every package's unit tests under the race detector (the shim's lifecycle tests run
+## calls concurrently with a checkpoint and a rollback)
 test-unit:
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/integration$$')
+	CGO_ENABLED=1 $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/integration$$')
 
 ## test-long: issue 16's long runs: 300 checkpoints of one container, 30 rollbacks in place, 2
 ## forks; 16 concurrent checkpoints x 10 rounds

@@ -39,7 +39,7 @@ func (s *service) initExited(c *container, p *process, pid, code int) {
 	c.initExited = true
 	c.mu.Unlock()
 	if c.sharedPid {
-		if err := c.engine.Signal(syscall.SIGKILL, true); err != nil {
+		if err := c.engine().Signal(syscall.SIGKILL, true); err != nil {
 			log.G(s.ctx).WithError(err).WithField("id", c.id).Debug("kill init's leftovers")
 		}
 	}

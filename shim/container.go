@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
 	"sync"
 
@@ -21,7 +20,6 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
-	"github.com/cklite/cklite/pkg/criuimage"
 	"github.com/cklite/cklite/runtime"
 )
 
@@ -30,7 +28,7 @@ type container struct {
 	id, bundle string
 	rootfs     string // <bundle>/rootfs when the shim mounted it, unmounted on delete
 	opts       *options.Options
-	engine     *runtime.Container
+	eng        engine // read through engine(): an in-place checkpoint or rollback replaces it
 	init       *process
 	checkpoint string               // image directory to restore from at Start, if created from a checkpoint
 	fromImage  bool                 // that checkpoint came with the container's image: its rootfs is the checkpoint's
@@ -44,7 +42,12 @@ type container struct {
 	// cgroupOf loads a process's cgroup: runtime.LoadCgroup, a fake in unit tests.
 	cgroupOf func(pid int) (*runtime.Cgroup, error)
 
-	checkpointMu sync.Mutex // one checkpoint at a time
+	// lifecycle serialises every call that acts on the init or the engine (runc-v2's Init.mu): a
+	// checkpoint or rollback holds it from its first check to its last step, and a call that
+	// arrives meanwhile waits for it (see doc.go).
+	lifecycle lifecycleLock
+	// newEngine creates the engine for a configuration (createEngine; a fake in unit tests).
+	newEngine func(adjust func(*configs.Config) error) (engine, error)
 
 	mu           sync.Mutex
 	execs        map[string]*process
@@ -94,6 +97,7 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 		}),
 	}
 	c.execsDone = sync.NewCond(&c.mu)
+	c.newEngine = c.createEngine
 	if c.hasLeftovers() {
 		if _, err := recoverContainer(ctx, c.bundle, c.stateRoot, c.id); err != nil {
 			return nil, fmt.Errorf("container %s: what a killed shim left behind cannot be removed: %w", c.id, err)
@@ -123,13 +127,15 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 			c.unmountRootfs(ctx)
 		}
 	}()
-	if c.engine, err = c.createEngine(c.restoreConfig); err != nil {
+	eng, err := c.newEngine(c.restoreConfig)
+	if err != nil {
 		c.closeNetNS()
 		return nil, err
 	}
+	c.setEngine(eng)
 	defer func() {
 		if retErr != nil {
-			if err := c.engine.Destroy(); err != nil {
+			if err := eng.Destroy(); err != nil {
 				log.G(ctx).WithError(err).Warn("destroy half-created container")
 			}
 		}
@@ -138,115 +144,10 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 	if c.checkpoint != "" {
 		return c, nil
 	}
-	if err := s.startInit(ctx, c, c.engine.Start, statusCreated); err != nil {
+	if err := s.startInit(ctx, c, eng.Start, statusCreated); err != nil {
 		return nil, err
 	}
 	return c, nil
-}
-
-// prepareRestore reads the checkpoint c is created from and returns the rootfs to mount for it:
-// a cklite checkpoint with a filesystem brings its own (a fresh upper on its frozen layer), unless
-// the container's image is the checkpoint (its rootfs already holds the checkpoint's files); a
-// memory-only or stock CRIU image restores on the container's current rootfs. A checkpoint of the
-// filesystem alone leaves nothing for CRIU: the process then starts afresh on that filesystem.
-func (s *service) prepareRestore(ctx context.Context, ns string, c *container, rootfs []mount.Mount) ([]mount.Mount, error) {
-	meta, err := checkpoint.Read(c.checkpoint)
-	if errdefs.IsNotFound(err) {
-		return rootfs, admitImages(c.checkpoint, c.spec) // a stock CRIU image
-	}
-	if err != nil {
-		return nil, err
-	}
-	if meta.Contents.HasMemory() {
-		if err := admitImages(c.checkpoint, c.spec); err != nil {
-			return nil, err
-		}
-	}
-	c.dumped = meta.Dump
-	s.descend(namespaces.WithNamespace(ctx, ns), c.id, meta)
-	moveOwnCgroup(c.spec, meta.Container, c.id)
-	if meta.Contents.HasFS() && !c.fromImage {
-		if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {
-			return nil, err
-		}
-	}
-	if !meta.Contents.HasMemory() {
-		c.checkpoint = ""
-	}
-	return rootfs, nil
-}
-
-// admitImages checks a CRIU image directory before anything is restored from it: complete, and
-// asking for nothing beyond spec (pkg/criuimage). Every restore is admitted, whatever made the
-// image: it may come from another host, a registry or another container.
-func admitImages(dir string, spec *specs.Spec) error {
-	if err := checkpoint.CheckImages(dir); err != nil {
-		return err
-	}
-	return criuimage.Admit(dir, spec)
-}
-
-// restoreConfig prepares the configuration of a container created to restore a checkpoint: the
-// CRIU options its dump was taken with, and a network namespace to restore into.
-func (c *container) restoreConfig(cfg *configs.Config) error {
-	if c.checkpoint == "" {
-		return nil
-	}
-	if opts := dumpCRIUOptions(c.dumped); len(opts) > 0 {
-		if err := runtime.WithCRIUOptions(cfg, c.criuWork(), opts...); err != nil {
-			return err
-		}
-	}
-	return c.restoreNetNS(cfg)
-}
-
-// criuWork is the work directory of CRIU's restore at Start: the client's, or one in the bundle.
-func (c *container) criuWork() string {
-	if c.opts.CriuWorkPath != "" {
-		return c.opts.CriuWorkPath
-	}
-	return filepath.Join(c.bundle, "criu-work")
-}
-
-// restoreNetNS gives a restore whose dump left the network namespace out a namespace to restore
-// into: the one the spec names, or a new one with lo up, which the spec's hooks (CNI) configure.
-func (c *container) restoreNetNS(cfg *configs.Config) error {
-	if !c.dumped.ExternalNetNS {
-		return nil
-	}
-	named, private := runtime.SpecNetNS(cfg)
-	if named {
-		return nil
-	}
-	if !private {
-		return fmt.Errorf("checkpoint %s was taken in a network namespace of its own, container %s runs in the host's: %w",
-			c.checkpoint, c.id, errdefs.ErrFailedPrecondition)
-	}
-	f, err := runtime.NewNetNS()
-	if err != nil {
-		return err
-	}
-	c.netns = f
-	runtime.WithNetNS(cfg, f)
-	return nil
-}
-
-// closeNetNS lets go of the restore's network namespace: the restored processes hold it.
-func (c *container) closeNetNS() {
-	if c.netns != nil {
-		c.netns.Close()
-		c.netns = nil
-	}
-}
-
-// moveOwnCgroup gives a container restored from another container's checkpoint a cgroup of its
-// own: a restore through ctr or the CRI reuses the checkpointed spec, whose cgroupsPath names
-// the original container's cgroup, which is still busy when the restore is a fork.
-func moveOwnCgroup(spec *specs.Spec, from, to string) {
-	if spec.Linux == nil || from == to || path.Base(spec.Linux.CgroupsPath) != from {
-		return
-	}
-	spec.Linux.CgroupsPath = path.Join(path.Dir(spec.Linux.CgroupsPath), to)
 }
 
 // privatePidNS reports whether the container gets a PID namespace of its own (killing its init
@@ -265,7 +166,7 @@ func privatePidNS(spec *specs.Spec) bool {
 
 // createEngine converts the spec and creates the libcontainer container (its state and cgroup),
 // with the configuration changed by adjust if given.
-func (c *container) createEngine(adjust func(*configs.Config) error) (*runtime.Container, error) {
+func (c *container) createEngine(adjust func(*configs.Config) error) (engine, error) {
 	cfg, err := runtime.NewConfig(c.bundle, c.spec, c.cfgOpts)
 	if err != nil {
 		return nil, err
@@ -275,7 +176,11 @@ func (c *container) createEngine(adjust func(*configs.Config) error) (*runtime.C
 			return nil, err
 		}
 	}
-	return runtime.Create(c.stateRoot, c.id, cfg)
+	e, err := runtime.Create(c.stateRoot, c.id, cfg)
+	if err != nil {
+		return nil, err // no typed nil in the interface
+	}
+	return e, nil
 }
 
 func requestMounts(r *taskAPI.CreateTaskRequest) []mount.Mount {
@@ -375,7 +280,9 @@ func (s *service) launch(ctx context.Context, c *container, p *process, lp *libc
 			return s.abort(p, lp, pid, err)
 		}
 	}
-	p.started(lp, pid, st)
+	if err := p.started(lp, pid, st); err != nil {
+		return s.abort(p, lp, pid, err)
+	}
 	return nil
 }
 

@@ -23,6 +23,20 @@ import (
 	"github.com/cklite/cklite/pkg/paths"
 )
 
+// daemonClient is what the shim asks of containerd beyond the task API (daemon below): the seam
+// where unit tests put a fake.
+type daemonClient interface {
+	dial() (*grpc.ClientConn, error)
+	containerRootfs(ctx context.Context, ns, id string) (rootfsSnapshot, error)
+	setLineage(ctx context.Context, ns, id string, l checkpoint.Lineage) error
+	snapshotter(name string) (snapshots.Snapshotter, error)
+	leases() (leases.Manager, error)
+	instance(ctx context.Context, stateDir string) (paths.Instance, error)
+	close()
+}
+
+var _ daemonClient = (*daemon)(nil)
+
 // daemon is the shim's connection to containerd's gRPC API, for what a checkpoint needs beyond the
 // task API: the container's rootfs snapshot (to freeze it and to stack a restore on a frozen
 // layer) and the lease that keeps a checkpoint's layer. It dials on first use, so a container

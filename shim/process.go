@@ -8,32 +8,11 @@ import (
 	"time"
 
 	"github.com/containerd/console"
-	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
-
-// status is a process's place in its lifecycle; the transitions are those of runc-v2's
-// init and exec state machines.
-type status int
-
-const (
-	statusCreated status = iota
-	statusRunning
-	statusPaused
-	statusStopped
-	statusDeleted
-)
-
-func (s status) String() string {
-	return [...]string{"created", "running", "paused", "stopped", "deleted"}[s]
-}
-
-func (s status) task() task.Status {
-	return [...]task.Status{task.Status_CREATED, task.Status_RUNNING, task.Status_PAUSED, task.Status_STOPPED, task.Status_STOPPED}[s]
-}
 
 // process is a container's init or one of its execs.
 type process struct {
@@ -70,29 +49,17 @@ func (p *process) status() status {
 	return p.state
 }
 
-// expect fails with FailedPrecondition unless the process is in one of the given states.
-func (p *process) expect(op string, ok ...status) error {
-	st := p.status()
-	for _, s := range ok {
-		if st == s {
-			return nil
-		}
-	}
-	return fmt.Errorf("cannot %s a %s process: %w", op, st, errdefs.ErrFailedPrecondition)
-}
-
-func (p *process) setState(s status) {
-	p.mu.Lock()
-	p.state = s
-	p.mu.Unlock()
-}
-
 // started records a process libcontainer has started, created (init waiting on the exec
-// fifo) or running.
-func (p *process) started(lp *libcontainer.Process, pid int, st status) {
+// fifo) or running, restored or not: in state st, which the lifecycle must allow.
+func (p *process) started(lp *libcontainer.Process, pid int, st status) error {
 	p.mu.Lock()
-	p.lp, p.pid, p.state = lp, pid, st
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	p.lp, p.pid = lp, pid
+	if p.state == st {
+		return nil
+	}
+	_, err := p.transitionLocked("start", st)
+	return err
 }
 
 func (p *process) getPid() int {
@@ -137,10 +104,9 @@ func (p *process) handOver(code int) bool {
 func (p *process) setExited(code int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.state == statusStopped || p.state == statusDeleted {
-		return
+	if _, err := p.transitionLocked("exit", statusStopped); err != nil {
+		return // stopped or deleted already
 	}
-	p.state = statusStopped
 	p.exitStatus = code
 	p.exitedAt = time.Now()
 	if p.console != nil {

@@ -3,15 +3,15 @@ package shim
 import (
 	"context"
 
-	"github.com/cklite/cklite/pkg/config"
 	"github.com/cklite/cklite/runtime"
 )
 
-// beginRestore returns the context and bounds of a restore into c: shim.toml's restore limits,
+// beginRestore returns the context and bounds of a restore into c: shim.toml's restore limits
+// (the configuration read at shim start),
 // and a context that a Kill or Delete of the task ends (cancelRestore), so that nothing waits on
 // a restore that cannot finish. end must be called when the restore returns.
-func (c *container) beginRestore(ctx context.Context) (_ context.Context, _ runtime.RestoreLimits, end func(), _ error) {
-	cfg, err := config.LoadShim()
+func (c *container) beginRestore(ctx context.Context, sc shimConfig) (_ context.Context, _ runtime.RestoreLimits, end func(), _ error) {
+	cfg, err := sc.get()
 	if err != nil {
 		return nil, runtime.RestoreLimits{}, nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -46,7 +45,7 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 	if !meta.Contents.HasMemory() {
 		return fmt.Errorf("checkpoint %s holds no processes (contents %s): start a new task from it: %w", meta.ID, meta.Contents, errdefs.ErrFailedPrecondition)
 	}
-	if err := admitImages(dir, c.spec); err != nil {
+	if err := s.admit(dir, c.spec); err != nil {
 		return err
 	}
 	sn, err := s.daemon.snapshotter(rs.snapshotter)
@@ -59,48 +58,43 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 			return err
 		}
 	}
-	c.checkpointMu.Lock()
-	defer c.checkpointMu.Unlock()
-	release := s.reaper.hold()
-	defer release()
-
-	ck := &checkpointRun{s: s, c: c, path: dir, work: filepath.Join(c.bundle, "criu-work"), dump: meta.Dump, opts: &options.CheckpointOptions{
-		OpenTcp:             meta.Dump.OpenTCP,
-		ExternalUnixSockets: meta.Dump.ExternalUnixSockets,
-		Terminal:            meta.Dump.Terminal,
-		FileLocks:           meta.Dump.FileLocks,
-	}}
-	defer os.RemoveAll(ck.work)
-	held, err := holdTask(c, meta.Dump.ExternalNetNS)
+	c.lifecycle.Lock()
+	defer c.lifecycle.Unlock()
+	from, err := c.init.transition("roll back", statusRestoring)
 	if err != nil {
 		return err
 	}
-	defer held.Close()
-	paused := c.engine.Paused()
-	pid := c.init.getPid()
+	defer c.init.settle(statusRestoring, from) // the kill failed: nothing changed
+	release := s.reaper.hold()
+	defer release()
+
+	work := filepath.Join(c.bundle, "criu-work")
+	defer os.RemoveAll(work)
+	ip := &inPlace{
+		s: s, c: c, what: "rollback", sn: sn, key: rs.key,
+		dump:    meta.Dump,
+		restore: criuOptions(dir, work, meta.Dump, false),
+		stop: func() error {
+			if err := c.engine().Signal(unix.SIGKILL, true); err != nil {
+				return fmt.Errorf("roll back: kill the task: %w", err)
+			}
+			return nil
+		},
+		switchRootfs: func(ctx context.Context) error {
+			if !meta.Contents.HasFS() {
+				return nil // a memory-only checkpoint keeps the current files
+			}
+			_, err := s.rootfsForRestore(ctx, ns, c.id, meta)
+			return err
+		},
+	}
 	start := time.Now()
-	exited := c.init.beginHandover()
-	if err := c.engine.Signal(unix.SIGKILL, true); err != nil {
-		if code, gone := c.init.endHandover(); gone {
-			s.initExited(c, c.init, pid, code)
-		}
-		return fmt.Errorf("roll back: kill the task: %w", err)
-	}
-	code := <-exited
-	err = c.engine.Destroy()
-	if err == nil {
-		err = c.unmountRootfs(ctx)
-	}
-	if err == nil && meta.Contents.HasFS() {
-		_, err = s.rootfsForRestore(ctx, ns, c.id, meta)
-	}
-	if err == nil {
-		err = ck.restoreInPlace(ctx, sn, rs.key, held, paused)
-	}
-	c.init.endHandover()
+	res, err := ip.run(ctx)
 	if err != nil {
-		s.initExited(c, c.init, pid, code)
-		return fmt.Errorf("roll back to checkpoint %s (kept in %s): the task could not be restored and has stopped: %w", meta.ID, dir, err)
+		return err
+	}
+	if res.stopped != nil {
+		return fmt.Errorf("roll back to checkpoint %s (kept in %s): the task could not be restored and has stopped: %w", meta.ID, dir, res.stopped)
 	}
 	log.G(ctx).WithFields(log.Fields{"checkpoint": meta.ID, "took": time.Since(start)}).Info("rolled back in place")
 	s.descend(ctx, c.id, meta)

@@ -23,7 +23,6 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
-	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
@@ -44,8 +43,11 @@ type service struct {
 	events   *eventQueue
 	reaper   *reaper
 	shutdown shutdown.Service
-	daemon   *daemon
+	daemon   daemonClient
 	config   shimConfig
+	// admit checks a CRIU image directory before a restore from it (admitImages; unit tests,
+	// whose images hold no processes, check only that they are complete).
+	admit func(dir string, spec *specs.Spec) error
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -60,6 +62,7 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 		shutdown:   sd,
 		containers: make(map[string]*container),
 		config:     loadShimConfig(ctx),
+		admit:      admitImages,
 	}
 	// Once, here, rather than on the first checkpoint: CRIU's lookup and its kerndat cache (a
 	// tmpfs mount) are the shim's start-up, never a side effect of a call.
@@ -162,67 +165,40 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 
 func (s *service) startContainer(ctx context.Context, c *container) error {
 	p := c.init
+	c.lifecycle.Lock()
+	defer c.lifecycle.Unlock()
 	p.startMu.Lock()
 	defer p.startMu.Unlock()
-	if err := p.expect("start", statusCreated); err != nil {
-		return err
-	}
 	if c.checkpoint != "" {
+		if _, err := p.transition("start", statusRestoring); err != nil {
+			return err
+		}
 		if err := s.restore(ctx, c); err != nil {
+			p.settle(statusRestoring, statusCreated) // nothing runs: the task can be deleted
 			return err
 		}
 	} else {
+		if err := p.expect("start", statusCreated); err != nil {
+			return err
+		}
 		release := s.reaper.hold()
-		err := c.engine.Release()
+		err := c.engine().Release()
 		release()
 		if err != nil {
 			return err
 		}
-		p.setState(statusRunning)
+		// An init that exited at once is stopped already: its Start succeeded all the same.
+		if _, err := p.transition("start", statusRunning); err != nil && p.status() != statusStopped {
+			return err
+		}
 	}
 	s.events.send(&eventstypes.TaskStart{ContainerID: c.id, Pid: uint32(p.getPid())})
 	return nil
 }
 
-// restore brings the init back from the checkpoint given at Create.
-func (s *service) restore(ctx context.Context, c *container) error {
-	// CRIU's log goes to a work directory, kept out of the image (which may be read-only or
-	// shared by forks) unless the client names one.
-	work := c.criuWork()
-	if c.opts.CriuWorkPath == "" {
-		defer os.RemoveAll(work)
-	}
-	defer c.closeNetNS()
-	rctx, limits, end, err := c.beginRestore(ctx)
-	if err != nil {
-		return err
-	}
-	defer end()
-	release := s.reaper.hold()
-	defer release()
-	err = s.startInit(ctx, c, func(lp *libcontainer.Process) error {
-		err := c.engine.Restore(rctx, lp, runtime.CheckpointOpts{
-			ImagePath:           c.checkpoint,
-			WorkPath:            work,
-			OpenTCP:             c.dumped.OpenTCP,
-			ExternalUnixSockets: c.dumped.ExternalUnixSockets,
-			Terminal:            c.dumped.Terminal,
-			FileLocks:           c.dumped.FileLocks,
-		}, limits)
-		if err != nil {
-			return fmt.Errorf("restore from %s: %w", c.checkpoint, keepRestoreLog(c.bundle, work, err))
-		}
-		return nil
-	}, statusRunning)
-	if err != nil {
-		return err
-	}
-	c.checkpoint = ""
-	s.watchInit(ctx, c)
-	return nil
-}
-
 func (s *service) startExec(ctx context.Context, c *container, p *process) error {
+	c.lifecycle.Lock()
+	defer c.lifecycle.Unlock()
 	if err := p.expect("start", statusCreated); err != nil {
 		return err
 	}
@@ -236,7 +212,7 @@ func (s *service) startExec(ctx context.Context, c *container, p *process) error
 	lp, err := runtime.NewProcess(p.spec)
 	if err == nil {
 		release := s.reaper.hold()
-		err = s.launch(ctx, c, p, lp, c.engine.Exec, statusRunning)
+		err = s.launch(ctx, c, p, lp, c.engine().Exec, statusRunning)
 		release()
 	}
 	if err != nil {
@@ -254,6 +230,13 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if err != nil {
 		return nil, err
 	}
+	if p.init {
+		// A restore under way (CRIU under its watchdog) is ended rather than waited for, as
+		// by a Kill: the task then ends stopped and is deleted.
+		c.cancelRestore(fmt.Errorf("task deleted"))
+	}
+	c.lifecycle.Lock()
+	defer c.lifecycle.Unlock()
 	if err := p.expect("delete", statusCreated, statusStopped); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -289,9 +272,8 @@ func (s *service) deleteContainer(ctx context.Context, c *container) error {
 	if deleting {
 		return fmt.Errorf("container %s is being deleted: %w", c.id, errdefs.ErrNotFound)
 	}
-	c.cancelRestore(fmt.Errorf("task deleted"))
 	if c.init.status() == statusCreated && c.init.getPid() > 0 {
-		_ = c.engine.Signal(syscall.SIGKILL, false)
+		_ = c.engine().Signal(syscall.SIGKILL, false)
 		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_ = c.init.wait(waitCtx)
 		cancel()
@@ -306,9 +288,11 @@ func (s *service) deleteContainer(ctx context.Context, c *container) error {
 	c.closeNetNS() // created, never started
 	ioErr := c.init.release(ioDrainTimeout)
 	release := s.reaper.hold() // poststop hooks fork
-	err := c.engine.Destroy()
+	err := c.engine().Destroy()
 	release()
-	c.init.setState(statusDeleted)
+	if _, terr := c.init.transition("delete", statusDeleted); terr != nil {
+		log.G(ctx).WithError(terr).Warn("delete")
+	}
 	s.mu.Lock()
 	delete(s.containers, c.id)
 	s.mu.Unlock()
@@ -327,7 +311,9 @@ func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*pty
 	if err != nil {
 		return nil, err
 	}
+	c.lifecycle.Lock()
 	p, err := c.newExec(r)
+	c.lifecycle.Unlock()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -354,8 +340,12 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 		return nil, err
 	}
 	st := p.status()
-	if p.init && st == statusRunning && c.engine.Paused() {
-		st = statusPaused
+	if p.init {
+		c.lifecycle.Lock()
+		if st = p.status(); st == statusRunning && c.engine().Paused() {
+			st = statusPaused
+		}
+		c.lifecycle.Unlock()
 	}
 	code, at := p.exit()
 	return &taskAPI.StateResponse{
@@ -389,9 +379,11 @@ func (s *service) setPaused(ctx context.Context, id string, pause bool) (*ptypes
 	if err != nil {
 		return nil, err
 	}
-	from, to, op, do := statusRunning, statusPaused, "pause", c.engine.Pause
+	c.lifecycle.Lock()
+	defer c.lifecycle.Unlock()
+	from, to, op, do := statusRunning, statusPaused, "pause", c.engine().Pause
 	if !pause {
-		from, to, op, do = statusPaused, statusRunning, "resume", c.engine.Resume
+		from, to, op, do = statusPaused, statusRunning, "resume", c.engine().Resume
 	}
 	if err := c.init.expect(op, from); err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -410,7 +402,9 @@ func (s *service) setPaused(ctx context.Context, id string, pause bool) (*ptypes
 	if !pause {
 		c.init.releaseInput()
 	}
-	c.init.setState(to)
+	if _, err := c.init.transition(op, to); err != nil {
+		return nil, errgrpc.ToGRPC(err) // it exited meanwhile
+	}
 	if pause {
 		s.events.send(&eventstypes.TaskPaused{ContainerID: c.id})
 	} else {
@@ -433,13 +427,15 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 	if !p.init {
 		err = p.signal(sig)
 	} else {
+		c.lifecycle.Lock()
+		defer c.lifecycle.Unlock()
 		switch st := p.status(); {
 		case st == statusStopped || st == statusDeleted:
 			err = fmt.Errorf("process already finished: %w", errdefs.ErrNotFound)
 		case p.getPid() == 0:
 			err = fmt.Errorf("container %s has no process yet: %w", c.id, errdefs.ErrNotFound)
 		default:
-			err = c.engine.Signal(sig, r.All)
+			err = c.engine().Signal(sig, r.All)
 		}
 	}
 	if err != nil {
@@ -454,7 +450,9 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	if err != nil {
 		return nil, err
 	}
-	pids, err := c.engine.Pids()
+	c.lifecycle.Lock()
+	pids, err := c.engine().Pids()
+	c.lifecycle.Unlock()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -495,15 +493,14 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 		return nil, err
 	}
 	if dir := r.Annotations[checkpoint.RollbackKey]; dir != "" {
-		if err := c.init.expect("roll back", statusRunning, statusPaused); err != nil {
-			return nil, errgrpc.ToGRPC(err)
-		}
 		force := r.Annotations[checkpoint.ForceForeignKey] == "true"
 		if err := s.rollbackInPlace(ctx, c, dir, force); err != nil {
 			return nil, errgrpc.ToGRPC(err)
 		}
 		return empty, nil
 	}
+	c.lifecycle.Lock()
+	defer c.lifecycle.Unlock()
 	if err := c.init.expect("update", statusCreated, statusRunning, statusPaused); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -514,7 +511,7 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	if err := json.Unmarshal(r.Resources.Value, &res); err != nil {
 		return nil, errgrpc.ToGRPCf(errdefs.ErrInvalidArgument, "resources of type %s are not linux resources: %v", r.Resources.TypeUrl, err)
 	}
-	if err := c.engine.Update(res); err != nil {
+	if err := c.engine().Update(res); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
 	return empty, nil

@@ -31,7 +31,7 @@ type heldStdio struct {
 	console *consoleHandover
 }
 
-func holdStdio(p *process, engine *runtime.Container) (*heldStdio, error) {
+func holdStdio(p *process, engine engine) (*heldStdio, error) {
 	names, err := engine.Stdio()
 	if err != nil {
 		return nil, err
