@@ -113,14 +113,13 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 	w := c.watchRestore(ctx, opts.WorkDirectory, lim)
 	err = c.lc.Restore(p, opts)
 	if cause := w.stop(); cause != nil {
+		// Whatever CRIU restored before it was killed (a restorer looping on a short page file
+		// outlives CRIU) or by the time it finished goes too.
+		_ = c.Signal(unix.SIGKILL, true)
 		if err == nil {
-			// Finished as the watchdog fired: what it killed may be the restored tasks.
-			_ = c.Signal(unix.SIGKILL, true)
-			err = cause
-		} else {
-			err = fmt.Errorf("%w (CRIU: %w)", cause, err)
+			return cause
 		}
-		return err
+		return fmt.Errorf("%w (CRIU: %v)", cause, err)
 	}
 	if err != nil {
 		return wrap("restore", err)

@@ -94,23 +94,21 @@ func (g *initGuard) verify(st *libcontainer.State) error {
 	return err
 }
 
-// checkNamespaces checks the namespace paths libcontainer would join against the container's
-// namespaces: each one present, a given path kept, a private one being init's and not the
-// shim's own.
+// checkNamespaces checks the namespace paths libcontainer would join (always init's,
+// /proc/PID/ns/TYPE) against the container's namespaces: each one present and init's, and one the
+// container was to make of its own (no path given) not the shim's own, the host's. A namespace
+// given by path is the runtime's choice, which may be any.
 func checkNamespaces(want configs.Namespaces, paths map[configs.NamespaceType]string, pid int) error {
 	for _, ns := range want {
 		path, ok := paths[ns.Type]
 		if !ok || path == "" {
 			return fmt.Errorf("no %s namespace to join for init %d: refusing to run a process in the host's: %w", ns.Type, pid, errdefs.ErrFailedPrecondition)
 		}
-		if ns.Path != "" {
-			if path != ns.Path {
-				return fmt.Errorf("%s namespace %s is not the configured %s: %w", ns.Type, path, ns.Path, errdefs.ErrFailedPrecondition)
-			}
-			continue
-		}
 		if exp := ns.GetPath(pid); path != exp {
 			return fmt.Errorf("%s namespace %s is not init %d's (%s): %w", ns.Type, path, pid, exp, errdefs.ErrFailedPrecondition)
+		}
+		if ns.Path != "" {
+			continue
 		}
 		same, err := sameFile(path, fmt.Sprintf("/proc/self/ns/%s", configs.NsName(ns.Type)))
 		if err != nil {

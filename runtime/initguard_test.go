@@ -23,10 +23,11 @@ func TestCheckNamespaces(t *testing.T) {
 		{name: "none asked", want: nil, paths: nil},
 		{name: "no paths (init unknown)", want: configs.Namespaces{{Type: configs.NEWNS}}, paths: map[configs.NamespaceType]string{}, wantErr: true},
 		{name: "empty path", want: configs.Namespaces{{Type: configs.NEWPID}}, paths: map[configs.NamespaceType]string{configs.NEWPID: ""}, wantErr: true},
-		{name: "configured path kept", want: configs.Namespaces{{Type: configs.NEWNET, Path: "/var/run/netns/x"}},
-			paths: map[configs.NamespaceType]string{configs.NEWNET: "/var/run/netns/x"}},
-		{name: "configured path changed", want: configs.Namespaces{{Type: configs.NEWNET, Path: "/var/run/netns/x"}},
-			paths: map[configs.NamespaceType]string{configs.NEWNET: "/var/run/netns/y"}, wantErr: true},
+		// A namespace given by path is joined through init, and may be the host's.
+		{name: "given by path", want: configs.Namespaces{{Type: configs.NEWNET, Path: "/var/run/netns/x"}},
+			paths: map[configs.NamespaceType]string{configs.NEWNET: own(configs.NEWNET)}},
+		{name: "given by path, joined by path", want: configs.Namespaces{{Type: configs.NEWNET, Path: "/var/run/netns/x"}},
+			paths: map[configs.NamespaceType]string{configs.NEWNET: "/var/run/netns/x"}, wantErr: true},
 		{name: "another pid's", want: configs.Namespaces{{Type: configs.NEWNS}},
 			paths: map[configs.NamespaceType]string{configs.NEWNS: "/proc/1/ns/mnt"}, wantErr: true},
 		// The test process stands for an init that shares the host's (the shim's) namespaces.

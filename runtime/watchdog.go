@@ -30,18 +30,19 @@ const watchPeriod = 50 * time.Millisecond
 // libcontainer moves CRIU before the restore and CRIU creates the restored tasks. libcontainer's
 // Restore then fails and returns.
 type restoreWatchdog struct {
-	c    *Container
-	log  string
-	lim  RestoreLimits
-	done chan struct{}
-	wg   sync.WaitGroup
+	c     *Container
+	log   string
+	lim   RestoreLimits
+	start time.Time
+	done  chan struct{}
+	wg    sync.WaitGroup
 
 	mu    sync.Mutex
 	cause error
 }
 
 func (c *Container) watchRestore(ctx context.Context, work string, lim RestoreLimits) *restoreWatchdog {
-	w := &restoreWatchdog{c: c, log: filepath.Join(work, "restore.log"), lim: lim, done: make(chan struct{})}
+	w := &restoreWatchdog{c: c, log: filepath.Join(work, "restore.log"), lim: lim, start: time.Now(), done: make(chan struct{})}
 	w.wg.Add(1)
 	go w.run(ctx)
 	return w
@@ -49,7 +50,6 @@ func (c *Container) watchRestore(ctx context.Context, work string, lim RestoreLi
 
 func (w *restoreWatchdog) run(ctx context.Context) {
 	defer w.wg.Done()
-	start := time.Now()
 	t := time.NewTicker(watchPeriod)
 	defer t.Stop()
 	for {
@@ -59,20 +59,25 @@ func (w *restoreWatchdog) run(ctx context.Context) {
 		case <-ctx.Done():
 			w.fire(fmt.Errorf("restore cancelled: %w", context.Cause(ctx)))
 		case <-t.C:
-			if w.lim.Timeout > 0 && time.Since(start) > w.lim.Timeout {
-				w.fire(fmt.Errorf("restore took longer than its limit of %s (restore_timeout): %w", w.lim.Timeout, context.DeadlineExceeded))
-			}
-			if w.lim.LogLimit > 0 {
-				if fi, err := os.Stat(w.log); err == nil && fi.Size() > w.lim.LogLimit {
-					// Cut what was written already: the log is kept next to the bundle.
-					_ = os.Truncate(w.log, w.lim.LogLimit)
-					w.fire(fmt.Errorf("CRIU's restore.log passed its limit of %d bytes (restore_log_limit_mib): %w", w.lim.LogLimit, errdefs.ErrResourceExhausted))
-				}
-			}
+			w.check()
 		}
 		if w.fired() {
 			// Again on every tick until the restore returns: CRIU may not be in the cgroup yet.
 			w.kill()
+		}
+	}
+}
+
+// check fires if the restore has passed its time or log limit.
+func (w *restoreWatchdog) check() {
+	if w.lim.Timeout > 0 && time.Since(w.start) > w.lim.Timeout {
+		w.fire(fmt.Errorf("restore took longer than its limit of %s (restore_timeout): %w", w.lim.Timeout, context.DeadlineExceeded))
+	}
+	if w.lim.LogLimit > 0 {
+		if fi, err := os.Stat(w.log); err == nil && fi.Size() > w.lim.LogLimit {
+			// Cut what was written already: the log is kept next to the bundle.
+			_ = os.Truncate(w.log, w.lim.LogLimit)
+			w.fire(fmt.Errorf("CRIU's restore.log passed its limit of %d bytes (restore_log_limit_mib): %w", w.lim.LogLimit, errdefs.ErrResourceExhausted))
 		}
 	}
 }
@@ -96,20 +101,22 @@ func (w *restoreWatchdog) kill() {
 	for _, pid := range criuChildren() {
 		_ = unix.Kill(pid, unix.SIGKILL)
 	}
+	// Processes reads the cgroup without libcontainer's lock, which the restore holds (so no
+	// Status or Resume here: the restore's cgroup is not frozen anyway).
 	if pids, err := w.c.lc.Processes(); err == nil {
 		for _, pid := range pids {
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
 	}
-	if w.c.Paused() {
-		_ = w.c.lc.Resume() // a frozen task dies only once thawed
-	}
 }
 
-// stop ends the watchdog and returns why it ended the restore, or nil.
+// stop ends the watchdog and returns why it ended the restore, or nil. The limits are checked
+// once more: a restore that finished past them between two looks fails all the same, so that a
+// limit means the same whatever the timing.
 func (w *restoreWatchdog) stop() error {
 	close(w.done)
 	w.wg.Wait()
+	w.check()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.cause

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -110,6 +111,12 @@ func (d *Daemon) shimConfigPath() string { return filepath.Join(d.Dir, "shim.tom
 // shimConfig is the cklite shim's configuration, which the CLI reads too: the daemon's state
 // directory.
 func (d *Daemon) shimConfig() string { return fmt.Sprintf("state_dir = %q\n", d.StateDir) }
+
+// SetShimConfig rewrites the shim's configuration as the daemon's plus extra (TOML lines): the
+// shims read it on every restore, so it applies from the next one.
+func (d *Daemon) SetShimConfig(extra string) error {
+	return os.WriteFile(d.shimConfigPath(), []byte(d.shimConfig()+extra), 0o644)
+}
 
 func (d *Daemon) nerdctlConfigPath() string { return filepath.Join(d.Dir, "nerdctl.toml") }
 

@@ -175,6 +175,9 @@ func TestAdmit(t *testing.T) {
 		{name: "external tmpfs below the cgroup mount", change: func(f *fixture, _ *specs.Spec) {
 			f.mounts = append(goodMounts, mnt(16, 13, fsTmpfs, 63, "/sys/fs/cgroup/x", "tmpfs", "/sys/fs/cgroup/x"))
 		}, kind: errdefs.IsPermissionDenied, reason: "external mount \"/sys/fs/cgroup/x\""},
+		{name: "cgroup below the cgroup mount keyed elsewhere", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 13, fsCgroup, 63, "/sys/fs/cgroup/x", "cgroup", "/sys/fs/cgroup/memory"))
+		}, kind: errdefs.IsPermissionDenied, reason: "external mount \"/sys/fs/cgroup/memory\""},
 		{name: "/dev/null over a path the spec does not mask", change: func(f *fixture, _ *specs.Spec) {
 			f.mounts = append(goodMounts, mnt(16, 11, 3, 6, "/proc/sysrq-trigger", "devtmpfs", "/dev/null"))
 		}, kind: errdefs.IsPermissionDenied, reason: "mount /proc/sysrq-trigger"},

@@ -68,7 +68,7 @@ func checkMount(m Mount, root *Mount, dests, binds, masked, cgroups map[string]b
 		key = cleanMountpoint(key)
 		// On cgroup v1 libcontainer mounts each hierarchy below the spec's cgroup mount as an
 		// external bind of the host's cgroup directory, keyed by its destination.
-		cgroupV1 := m.FSType == fsCgroup && under(key, cgroups)
+		cgroupV1 := m.FSType == fsCgroup && key == m.Mountpoint && under(key, cgroups)
 		if !binds[key] && !(key == "/dev/null" && masked[m.Mountpoint]) && !cgroupV1 {
 			return fmt.Errorf("external mount %q is not a bind mount of the spec", key)
 		}
