@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,12 +106,21 @@ func expectBlobs(t *testing.T, rootfs string, last int) {
 	}
 }
 
-// forkAndCheck forks checkpoint r into one new container named prefix-1 with the cklite CLI,
+// forkAndCheck forks checkpoint r into one new container (named prefix-1) with the cklite CLI,
 // checks it restored r's counter and files, and removes it.
 func (e *ckEnv) forkAndCheck(t *testing.T, r longRound, prefix string) {
 	t.Helper()
-	cklite(t, e.d, "fork", "-n", "1", "--prefix", prefix, r.id)
-	id := prefix + "-1"
+	out := cklite(t, e.d, "fork", "-n", "1", "--prefix", prefix, r.id)
+	var name string
+	for _, l := range strings.Split(out, "\n") {
+		if sub := forkLineRE.FindStringSubmatch(l); sub != nil {
+			name = sub[1]
+		}
+	}
+	if name == "" {
+		t.Fatalf("cklite fork printed no running fork:\n%s", out)
+	}
+	id := forkIDsByName(t, e, []string{name})[0]
 	fork := newCounter(e.d.RootfsPath(id))
 	fork.expectRestored(t, r.at)
 	expectBlobs(t, fork.Rootfs, r.blob)
