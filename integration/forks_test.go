@@ -114,8 +114,13 @@ func testForks(t *testing.T, n int) {
 			t.Fatalf("%s's processes are in the parent's cgroups:\n%s", name, cgroups)
 		}
 		eventually(t, "nerdctl logs of "+name, func() error {
-			if logs := mustNerdctl(t, e.d, "logs", name); !strings.Contains(logs, "tick") {
-				return fmt.Errorf("no tick in %q", logs)
+			// The log file appears once nerdctl's logger (started by the shim) has made it.
+			r := nerdctlResult(t, e.d, "", "logs", name)
+			if r.code != 0 {
+				return fmt.Errorf("exit status %d: %s", r.code, strings.TrimSpace(r.stderr))
+			}
+			if !strings.Contains(r.stdout, "tick") {
+				return fmt.Errorf("no tick in %q", r.stdout)
 			}
 			return nil
 		})

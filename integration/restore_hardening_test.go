@@ -69,23 +69,20 @@ func TestRestoreTruncatedPages(t *testing.T) {
 // STOPPED and refuses exec, and the checkpoint is intact: with the limits lifted it restores.
 func TestRestoreLimits(t *testing.T) {
 	e := newCkEnv(t)
-	c, task, cnt := e.startCounter(t, "bounded")
-	dir, _, at := e.markedCheckpoint(t, task, cnt, "base")
 	for _, tc := range []struct{ name, config, cause string }{
 		{name: "time", config: `restore_timeout = "1ms"`, cause: "restore_timeout"},
 		{name: "log", config: `restore_log_limit_mib = 0.001`, cause: "restore_log_limit_mib"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			task, err := c.Task(e.ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			// The shim reads shim.toml once, when it starts: the container starts after it changed.
 			if err := e.d.SetShimConfig(tc.config + "\n"); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = e.d.SetShimConfig("") })
+			c, task, cnt := e.startCounter(t, "bounded-"+tc.name)
+			dir, _, at := e.markedCheckpoint(t, task, cnt, "base-"+tc.name)
 			start := time.Now()
-			err = e.rollbackInPlaceErr(c, dir)
+			err := e.rollbackInPlaceErr(c, dir)
 			expectErrorNaming(t, err, tc.cause)
 			if took := time.Since(start); took > restoreBound {
 				t.Fatalf("the failed rollback took %s", took)
@@ -108,7 +105,7 @@ func TestRestoreLimits(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.rollback(t, c, dir)
-			expectRolledBack(t, cnt, at, "base")
+			expectRolledBack(t, cnt, at, "base-"+tc.name)
 		})
 	}
 }

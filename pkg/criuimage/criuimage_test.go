@@ -49,10 +49,14 @@ func image(magic uint32, entries ...[]byte) []byte {
 	b := binary.LittleEndian.AppendUint32(nil, magicCommon)
 	b = binary.LittleEndian.AppendUint32(b, magic)
 	for _, e := range entries {
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(e)))
-		b = append(b, e...)
+		b = append(b, entry(e)...)
 	}
 	return b
+}
+
+// entry is one entry of an image: its size, then its bytes.
+func entry(e []byte) []byte {
+	return append(binary.LittleEndian.AppendUint32(nil, uint32(len(e))), e...)
 }
 
 const (
@@ -77,7 +81,8 @@ type fixture struct {
 	seccomp int
 	ids     []byte // task ids of pid 1
 	mounts  [][]byte
-	pages   int // bytes in pages-1.img
+	pages   int  // bytes in pages-1.img
+	zombie  bool // pid 2, an exited child: no memory, a thread id CRIU never filled in
 }
 
 func (f fixture) write(t *testing.T) string {
@@ -92,6 +97,10 @@ func (f fixture) write(t *testing.T) string {
 		"pagemap-1.img":     image(magicPagemap, msg(1, 1), msg(1, 0x400000, 2, 0, 4, pagePresent, 5, 2), msg(1, 0x500000, 2, 1, 4, pagePresent), msg(1, 0x600000, 2, 0, 4, 0, 5, 5)),
 		"pages-1.img":       make([]byte, f.pages),
 		"mountpoints-9.img": image(magicMnts, f.mounts...),
+	}
+	if f.zombie {
+		files["pstree.img"] = append(files["pstree.img"], entry(msg(1, 2, 2, 1, 3, 1, 4, 1, 5, []uint32{3797684976}))...)
+		files["core-2.img"] = files["core-1.img"]
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
@@ -148,6 +157,7 @@ func TestAdmit(t *testing.T) {
 		{name: "pages padded", change: func(f *fixture, _ *specs.Spec) { f.pages = (defaultPages + 1) * page }, kind: errdefs.IsInvalidArgument, reason: "padded"},
 		{name: "capability raised", change: func(f *fixture, _ *specs.Spec) { f.creds = creds(0, specCaps|1<<capSysAdmin) },
 			kind: errdefs.IsPermissionDenied, reason: "CAP_SYS_ADMIN beyond the spec's bounding set"},
+		{name: "zombie child", change: func(f *fixture, _ *specs.Spec) { f.zombie = true }},
 		{name: "capabilities dropped", change: func(f *fixture, _ *specs.Spec) { f.creds = creds(0, 1<<capChown) }},
 		{name: "other uid with CAP_SETUID", change: func(f *fixture, _ *specs.Spec) { f.creds = creds(1000, specCaps) }},
 		{name: "other uid without CAP_SETUID", change: func(f *fixture, s *specs.Spec) {
@@ -164,8 +174,11 @@ func TestAdmit(t *testing.T) {
 			f.mounts = append(goodMounts, mnt(16, 11, fsAuto, 8, "/proc/host", "/dev/vda1"))
 		}, kind: errdefs.IsPermissionDenied, reason: "mount /proc/host"},
 		{name: "mount outside the spec", change: func(f *fixture, _ *specs.Spec) {
-			f.mounts = append(goodMounts, mnt(16, 10, fsTmpfs, 70, "/host", "tmpfs"))
+			f.mounts = append(goodMounts, mnt(16, 10, fsSysfs, 70, "/host", "sysfs"))
 		}, kind: errdefs.IsPermissionDenied, reason: "not a mount of the container's spec"},
+		{name: "tmpfs outside the spec", change: func(f *fixture, _ *specs.Spec) {
+			f.mounts = append(goodMounts, mnt(16, 10, fsTmpfs, 70, "/run", "tmpfs"))
+		}},
 		{name: "external mount not in the spec", change: func(f *fixture, _ *specs.Spec) {
 			f.mounts = append(goodMounts[:5:5], mnt(15, 10, 0, 8, "/etc/hosts", "/dev/vda1", "/etc/shadow"))
 		}, kind: errdefs.IsPermissionDenied, reason: "external mount \"/etc/shadow\""},

@@ -404,7 +404,10 @@ func Read(dir string) (*Image, error) {
 // readTask reads the cores of t's threads and its pagemap.
 func (img *Image) readTask(dir string, t Task) error {
 	threads := t.Threads
-	if len(threads) == 0 {
+	if len(threads) == 0 || isZombie(dir, t.Pid) {
+		// CRIU restores a zombie from its core-<pid>.img alone; the thread ids it writes for one
+		// are not read back, and were seen to be garbage (core-3797684976.img of a busybox sh's
+		// exited child).
 		threads = []uint32{t.Pid}
 	}
 	for _, tid := range threads {
@@ -442,6 +445,12 @@ func (img *Image) readTask(dir string, t Task) error {
 	}
 	img.Pagemaps[t.Pid] = pm
 	return nil
+}
+
+// isZombie reports whether task pid was dumped as a zombie: it has no memory, so no pagemap.
+func isZombie(dir string, pid uint32) bool {
+	_, err := os.Stat(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)))
+	return os.IsNotExist(err)
 }
 
 // readIDs reads ids-<pid>.img, or returns nil if there is none.

@@ -54,7 +54,10 @@ func checkMounts(mounts []Mount, spec *specs.Spec) error {
 
 func checkMount(m Mount, root *Mount, dests, binds, masked, cgroups map[string]bool) error {
 	at := dests[m.Mountpoint]
-	if !at && !under(m.Mountpoint, dests) {
+	// A tmpfs holds only what the image brings, which the restored processes get anyway: the
+	// Go client's spec mounts one at /run where nerdctl's does not.
+	fresh := m.FSType == fsTmpfs && !m.External && m.ExtKey == ""
+	if !at && !under(m.Mountpoint, dests) && !fresh {
 		return fmt.Errorf("not a mount of the container's spec")
 	}
 	if m.External || m.ExtKey != "" {
