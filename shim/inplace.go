@@ -176,6 +176,12 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 		_ = eng.Destroy()
 		return err
 	}
+	if ip.restoreAnyway {
+		// The checkpoint's own fresh dump, of processes that were running a moment ago: a limit
+		// meant for images from elsewhere would turn a checkpoint into a stopped task. A Kill
+		// or Delete still ends it.
+		limits = runtime.RestoreLimits{}
+	}
 	err = eng.Restore(rctx, lp, ip.restore, limits)
 	end()
 	if err != nil {

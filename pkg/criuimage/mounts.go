@@ -40,19 +40,19 @@ func checkMounts(mounts []Mount, spec *specs.Spec) error {
 	if root == nil || root.Mountpoint != "/" {
 		return fmt.Errorf("the image's mount tree has no root at /")
 	}
-	dests, binds, masked, cgroups := specMounts(spec)
+	dests, binds, cgroups := specMounts(spec)
 	for _, m := range mounts {
 		if m.ID == root.ID {
 			continue
 		}
-		if err := checkMount(m, root, dests, binds, masked, cgroups); err != nil {
+		if err := checkMount(m, root, dests, binds, cgroups); err != nil {
 			return fmt.Errorf("mount %s (%s %s): %w", m.Mountpoint, fsName(m), m.Source, err)
 		}
 	}
 	return nil
 }
 
-func checkMount(m Mount, root *Mount, dests, binds, masked, cgroups map[string]bool) error {
+func checkMount(m Mount, root *Mount, dests, binds, cgroups map[string]bool) error {
 	at := dests[m.Mountpoint]
 	// A tmpfs holds only what the image brings, which the restored processes get anyway: the
 	// Go client's spec mounts one at /run where nerdctl's does not.
@@ -69,10 +69,12 @@ func checkMount(m Mount, root *Mount, dests, binds, masked, cgroups map[string]b
 			key = m.Mountpoint
 		}
 		key = cleanMountpoint(key)
+		// /dev/null over a path only hides it (libcontainer masks paths so): a checkpoint taken
+		// under a spec that masked more (the Go client's /proc/interrupts) stays admissible.
 		// On cgroup v1 libcontainer mounts each hierarchy below the spec's cgroup mount as an
 		// external bind of the host's cgroup directory, keyed by its destination.
 		cgroupV1 := m.FSType == fsCgroup && key == m.Mountpoint && under(key, cgroups)
-		if !binds[key] && !(key == "/dev/null" && masked[m.Mountpoint]) && !cgroupV1 {
+		if !binds[key] && key != "/dev/null" && !cgroupV1 {
 			return fmt.Errorf("external mount %q is not a bind mount of the spec", key)
 		}
 		return nil
@@ -87,9 +89,9 @@ func checkMount(m Mount, root *Mount, dests, binds, masked, cgroups map[string]b
 }
 
 // specMounts are the destinations where the spec (or libcontainer for it) mounts, those of its
-// bind mounts, its masked paths, and those of its cgroup mounts.
-func specMounts(spec *specs.Spec) (dests, binds, masked, cgroups map[string]bool) {
-	dests, binds, masked, cgroups = map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
+// bind mounts (masked and read-only paths count as destinations), and those of its cgroup mounts.
+func specMounts(spec *specs.Spec) (dests, binds, cgroups map[string]bool) {
+	dests, binds, cgroups = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, m := range spec.Mounts {
 		d := cleanMountpoint(m.Destination)
 		dests[d] = true
@@ -105,14 +107,13 @@ func specMounts(spec *specs.Spec) (dests, binds, masked, cgroups map[string]bool
 	}
 	if l := spec.Linux; l != nil {
 		for _, p := range l.MaskedPaths {
-			masked[cleanMountpoint(p)] = true
 			dests[cleanMountpoint(p)] = true
 		}
 		for _, p := range l.ReadonlyPaths {
 			dests[cleanMountpoint(p)] = true
 		}
 	}
-	return dests, binds, masked, cgroups
+	return dests, binds, cgroups
 }
 
 func hasBind(opts []string) bool {
