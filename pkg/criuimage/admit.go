@@ -141,6 +141,9 @@ func capNames(mask uint64) string {
 // capability outside the spec's bounding set (no process can raise one), a user or group other
 // than the spec's without CAP_SETUID/CAP_SETGID, no seccomp filter when the spec has one.
 func (p privileges) check(th Thread) error {
+	if th.Zombie {
+		return nil // it runs nothing
+	}
 	if th.Creds == nil {
 		return errors.New("no credentials in its core image")
 	}

@@ -100,7 +100,8 @@ func (f fixture) write(t *testing.T) string {
 	}
 	if f.zombie {
 		files["pstree.img"] = append(files["pstree.img"], entry(msg(1, 2, 2, 1, 3, 1, 4, 1, 5, []uint32{3797684976}))...)
-		files["core-2.img"] = files["core-1.img"]
+		// A zombie's core has its task state, no thread core (so no credentials).
+		files["core-2.img"] = image(magicCore, msg(1, 1, 3, msg(1, 2, 2, 0, 3, 0, 4, 0, 5, 0, 6, "sh")))
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {

@@ -167,6 +167,7 @@ type Thread struct {
 	IDs     *NsIDs // the task's namespaces (core_entry.ids), on a process's main thread
 	Creds   *Creds
 	Seccomp uint32 // 0 disabled, 1 strict, 2 filter
+	Zombie  bool   // an exited process: CRIU recreates it only to exit again, with no credentials
 }
 
 func decodeCore(b []byte) (Thread, error) {
@@ -403,8 +404,9 @@ func Read(dir string) (*Image, error) {
 
 // readTask reads the cores of t's threads and its pagemap.
 func (img *Image) readTask(dir string, t Task) error {
+	zombie := isZombie(dir, t.Pid)
 	threads := t.Threads
-	if len(threads) == 0 || isZombie(dir, t.Pid) {
+	if len(threads) == 0 || zombie {
 		// CRIU restores a zombie from its core-<pid>.img alone; the thread ids it writes for one
 		// are not read back, and were seen to be garbage (core-3797684976.img of a busybox sh's
 		// exited child).
@@ -421,6 +423,7 @@ func (img *Image) readTask(dir string, t Task) error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		th.Tid = tid
+		th.Zombie = zombie
 		if tid == t.Pid {
 			// CRIU 4.x keeps a task's namespaces in ids-<pid>.img, older ones in its core.
 			if ids, err := readIDs(dir, t.Pid); err != nil {
