@@ -129,6 +129,56 @@ func TestShimExec(t *testing.T) {
 	})
 }
 
+// TestShimStaysInHostNamespaces starts containers with bind mounts (nerdctl's /etc files), for
+// which libcontainer joins the container's mount namespace on a locked thread of its own, and
+// checks each shim's main thread (what /proc/PID/ns names) is still in the host's mount and
+// network namespaces and exec works. Before the shim kept its main thread to itself, that thread
+// was now and then the one libcontainer took, and stayed in the container's mount namespace: the
+// exec guard then refused every exec ("init ... is in the host's mnt namespace") and Stats found
+// no cgroup mount.
+func TestShimStaysInHostNamespaces(t *testing.T) {
+	d := shimDaemon(t)
+	for i := range 8 {
+		name := fmt.Sprintf("home-%d", i)
+		runDetached(t, d, harness.CkliteRuntime, name, nil, "sleep", "3600")
+		pid, err := strconv.Atoi(inspect(t, d, name, "{{.State.Pid}}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		shim := parentOf(t, pid)
+		for _, ns := range []string{"mnt", "net"} {
+			own, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", shim, ns))
+			host, err2 := os.Readlink("/proc/self/ns/" + ns)
+			if err1 != nil || err2 != nil || own != host {
+				t.Fatalf("shim %d of %s: %s namespace %s (%v), the host's %s (%v)", shim, name, ns, own, err1, host, err2)
+			}
+		}
+		if out := mustNerdctl(t, d, "exec", name, "echo", "hello"); out != "hello\n" {
+			t.Fatalf("exec in %s printed %q", name, out)
+		}
+	}
+}
+
+// parentOf is the parent of process pid (a container init's is its shim).
+func parentOf(t *testing.T, pid int) int {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			ppid, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ppid
+		}
+	}
+	t.Fatalf("no PPid in /proc/%d/status", pid)
+	return 0
+}
+
 // TestShimStdin feeds a container's `cat` a line on stdin and, once cat has echoed it, closes
 // stdin (CloseIO): cat must exit. For the task's init process through `ctr run`, for an exec'd
 // one through `nerdctl exec -i`. (nerdctl 2.2's `run -i` never closes the container's stdin,

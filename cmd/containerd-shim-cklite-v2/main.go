@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	goruntime "runtime"
 
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/opencontainers/runc/libcontainer"
@@ -16,6 +17,13 @@ import (
 )
 
 func init() {
+	// main, and nothing else, runs on the main thread for the process's life. libcontainer runs
+	// in-process here, not in a short-lived runc: some of its goroutines lock their thread and
+	// setns into a container's namespaces for good (goCreateMountSources joins the container's
+	// mount namespace), and Go parks a locked main thread forever instead of ending it. The main
+	// thread's namespaces are what /proc/self names: on it, the shim took a container's mount
+	// namespace for the host's (the exec guard refused every exec, Stats found no cgroup mount).
+	goruntime.LockOSThread()
 	// Run by libcontainer as "criu": the wrapper that ties CRIU's life to the shim's.
 	if runtime.IsCRIUWrapper() {
 		err := runtime.RunCRIUWrapper()
