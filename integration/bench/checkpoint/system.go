@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
@@ -173,27 +172,29 @@ func (s *ckliteBox) rollback(i int) error {
 	return errgrpc.ToNative(err)
 }
 
-// forkLineRE is the line `cklite fork` prints as each fork runs.
-var forkLineRE = regexp.MustCompile(`^  (\S+) running, restored in (\S+)$`)
+// forkResult is one fork of `cklite fork --format json` (docs/cli.md).
+type forkResult struct {
+	ID     string `json:"id"`
+	Name   string `json:"name"`
+	TookMs int64  `json:"tookMs"`
+	Failed bool   `json:"failed"`
+}
 
 func (s *ckliteBox) fork(i, n int, prefix string) ([]sandbox, []time.Duration, error) {
 	// --cleanup-on-error: after a failure cklite fork removes the forks it started.
-	out, err := s.d.Cklite(s.ctx, "fork", "-n", fmt.Sprint(n), "--prefix", prefix, "--cleanup-on-error", s.ids[i])
+	out, err := s.d.Cklite(s.ctx, "fork", "--format", "json", "-n", fmt.Sprint(n), "--prefix", prefix, "--cleanup-on-error", s.ids[i])
 	if err != nil {
 		return nil, nil, err
 	}
+	var results []forkResult
+	if err := json.Unmarshal([]byte(out), &results); err != nil {
+		return nil, nil, fmt.Errorf("cklite fork --format json printed %q: %w", out, err)
+	}
 	var forks []sandbox
 	var took []time.Duration
-	for _, l := range strings.Split(out, "\n") {
-		if m := forkLineRE.FindStringSubmatch(l); m != nil {
-			d, err := time.ParseDuration(m[2])
-			if err != nil {
-				err = fmt.Errorf("cklite fork printed %q: %w", l, err)
-			}
-			forks, took = append(forks, s.forked(m[1])), append(took, d)
-			if err != nil {
-				return nil, nil, errors.Join(err, closeForks(forks))
-			}
+	for _, r := range results {
+		if !r.Failed && r.ID != "" {
+			forks, took = append(forks, s.forked(r.ID)), append(took, time.Duration(r.TookMs)*time.Millisecond)
 		}
 	}
 	if len(forks) != n {
