@@ -59,7 +59,8 @@ func flattenInto(dirs []string, out string) error {
 	}
 	for _, e := range entries {
 		n := e.Name()
-		if rewritten[n] || !e.Type().IsRegular() || strings.HasPrefix(n, ".") {
+		// The report describes the deduplicated directory, not the copy.
+		if rewritten[n] || !e.Type().IsRegular() || strings.HasPrefix(n, ".") || n == ReportFile {
 			continue
 		}
 		if err := copyFile(filepath.Join(dir, n), filepath.Join(out, n)); err != nil {
