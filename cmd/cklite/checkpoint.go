@@ -20,6 +20,7 @@ import (
 	"github.com/docker/go-units"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/pagechain"
 )
 
 func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
@@ -249,7 +250,8 @@ func eachCheckpoint(cli *cli, tree *checkpoint.Tree, ids []string, do func(*chec
 
 // removeImageDir removes the image directory r recorded, but only while its metadata file still
 // names r: the directory may have been reused for another checkpoint, or may never have been
-// cklite's. A directory already gone is fine.
+// cklite's. A directory already gone is fine. The image directories that read pages from it stay
+// restorable.
 func removeImageDir(r checkpoint.Record) error {
 	if r.ImagePath == "" {
 		return nil
@@ -264,7 +266,10 @@ func removeImageDir(r checkpoint.Record) error {
 	if m.ID != r.ID {
 		return fmt.Errorf("left %s: it now holds checkpoint %s: %w", r.ImagePath, m.ID, errdefs.ErrFailedPrecondition)
 	}
-	return os.RemoveAll(r.ImagePath)
+	// Checkpoints whose memory is stored as what changed since this one's read pages from it:
+	// those pages are copied into them first (pkg/pagechain).
+	_, err = pagechain.Remove(r.ImagePath)
+	return err
 }
 
 // checkpointView is a checkpoint as inspect and ls --format json print it: its record and the

@@ -24,7 +24,7 @@ func Flatten(dir, tmpRoot string) (flat string, done func(), err error) {
 		return dir, l.Unlock, nil
 	}
 	defer l.Unlock()
-	tmp, err := os.MkdirTemp(tmpRoot, "cklite-flat-")
+	tmp, err := os.MkdirTemp(tmpRoot, ".cklite-flat-")
 	if err != nil {
 		return "", nil, err
 	}
