@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -146,7 +147,8 @@ type pagesCheckpoint struct {
 // each rolls back in place to exactly its memory (token, step and checksum of the 64 MiB); a fork
 // of the last has its memory; `checkpoint rm --image` of a middle one leaves the others
 // restorable; the last one exported as a checkpoint image restores from it. With
-// CKLITE_PAGES_DEDUP=off the shim keeps full dumps: the same test then measures the baseline.
+// CKLITE_PAGES_DEDUP=off the shim keeps full dumps: the same test then measures the baseline;
+// CKLITE_PAGES_ROUNDS=N measures rollback latency, full dump against chain.
 func TestPagesDedup(t *testing.T) {
 	e := newCkEnv(t)
 	mib := pagesMiB(t)
@@ -194,6 +196,27 @@ func TestPagesDedup(t *testing.T) {
 			p.expect(t, fmt.Sprintf("rolled back to checkpoint %d", i+1), cks[i].state)
 		}
 	})
+
+	// CKLITE_PAGES_ROUNDS=N: N rollbacks to the first checkpoint (a full dump) and to the last
+	// (its chain), alternately, for the medians of both (logged, not asserted).
+	if n, _ := strconv.Atoi(os.Getenv("CKLITE_PAGES_ROUNDS")); n > 0 {
+		t.Run("rollback latency", func(t *testing.T) {
+			took := map[int][]time.Duration{}
+			for range n {
+				for _, i := range []int{0, len(cks) - 1} {
+					began := time.Now()
+					cklite(t, e.d, "rollback", c.ID(), cks[i].id)
+					took[i] = append(took[i], time.Since(began))
+					p.expect(t, fmt.Sprintf("rolled back to checkpoint %d", i+1), cks[i].state)
+				}
+			}
+			for i, d := range took {
+				slices.Sort(d)
+				t.Logf("rollback to checkpoint %d (%d parents), %d MiB: median of %d %v (min %v, max %v)",
+					i+1, parents(t, cks[i].dir), mib, n, d[n/2].Round(time.Millisecond), d[0].Round(time.Millisecond), d[n-1].Round(time.Millisecond))
+			}
+		})
+	}
 
 	t.Run("fork of the last", func(t *testing.T) {
 		last := cks[len(cks)-1]
