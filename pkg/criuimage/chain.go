@@ -54,6 +54,9 @@ func Chain(dir, root string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("parent image directory of %s: %w", cur, err)
 		}
+		if fi, err := os.Stat(next); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("parent image directory %s of %s is not a directory (%v)", next, cur, err)
+		}
 		switch {
 		case under != "" && !strings.HasPrefix(next, under):
 			return nil, fmt.Errorf("parent image directory %s of %s is not below %s", next, cur, root)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -300,6 +301,13 @@ func TestAdmitChain(t *testing.T) {
 			os.Remove(filepath.Join(dir, ParentLink))
 			write(t, filepath.Join(dir, ParentLink), parent, 3)
 		}, wantErr: "is not a symbolic link"},
+		{name: "parent link to a FIFO", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			fifo := filepath.Join(root, "fifo")
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			relink(t, dir, fifo)
+		}, wantErr: "is not a directory"},
 		{name: "chain loops", under: true, setup: func(t *testing.T, root, dir, pdir string) {
 			if err := os.Symlink(dir, filepath.Join(pdir, ParentLink)); err != nil {
 				t.Fatal(err)

@@ -67,9 +67,10 @@ func lockChain(dir string, how int) (*Locked, error) {
 	}
 }
 
-// lockDir flocks the directory itself: nothing is created in it for the lock.
+// lockDir flocks the directory itself: nothing is created in it for the lock. O_DIRECTORY: a link
+// to anything else (a FIFO would block the open) fails at once.
 func lockDir(dir string, how int) (*os.File, error) {
-	f, err := os.Open(dir)
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("lock image directory: %w", err)
 	}

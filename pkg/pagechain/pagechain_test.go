@@ -346,6 +346,22 @@ func TestKilledRewrite(t *testing.T) {
 	leftovers(t, c)
 }
 
+// TestReadLockFIFO: a parent link to a FIFO fails the lock at once (opening a FIFO blocks).
+func TestReadLockFIFO(t *testing.T) {
+	root := t.TempDir()
+	c := writeDump(t, root, "c", seq(mem{}, 0, 1, "a"), 1)
+	fifo := filepath.Join(root, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(fifo, filepath.Join(c, criuimage.ParentLink)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadLock(c); !errors.Is(err, unix.ENOTDIR) {
+		t.Fatalf("ReadLock through a link to a FIFO: %v, want ENOTDIR", err)
+	}
+}
+
 func TestReadLock(t *testing.T) {
 	_, g, p, c, _ := chain(t)
 	l, err := ReadLock(c)
