@@ -31,7 +31,7 @@ var ErrChainTooLong = errors.New("parent chain at its longest")
 // Dedup rewrites the image directory dir, a complete CRIU dump, so that every page equal to the
 // page its parent image directory parent holds at the same address, for the same process, is read
 // from there, and makes dir's parent link. Processes the parent has no pagemap for stay whole. A
-// directory that has a parent already is left alone.
+// directory that has another parent already is left alone.
 func Dedup(dir, parent string) (Result, error) {
 	var err error
 	if dir, err = filepath.Abs(dir); err != nil {
@@ -45,9 +45,11 @@ func Dedup(dir, parent string) (Result, error) {
 		return Result{}, err
 	}
 	defer l.Unlock()
-	if len(l.Dirs) > 1 {
+	if len(l.Dirs) > 1 && l.Dirs[1] != parent {
 		return Result{}, nil
 	}
+	// With the link to parent already there, a killed Dedup is finished: the processes it had
+	// not swapped yet are done now, and its leftovers swept.
 	pl, err := ReadLock(parent)
 	if err != nil {
 		return Result{}, err
@@ -176,8 +178,8 @@ func rewriteProcess(dir string, dirs []string, pid uint32, m mode, id uint32) (*
 		return nil, Counts{}, nil
 	}
 	top := src.levels[0]
-	if m != dedup && !hasInParent(top.pm.Runs) {
-		return nil, Counts{}, nil
+	if (m != dedup) != hasInParent(top.pm.Runs) {
+		return nil, Counts{}, nil // nothing in parents to copy in, or deduplicated already
 	}
 	fi, err := top.pages.Stat()
 	if err != nil {
