@@ -8,11 +8,17 @@
 //	                             and disarms faults of daemons that run on (containerd passes
 //	                             its environment to the shims it starts).
 //
-// The count is per process: a restarted process starts again from 0. A point costs one map
-// lookup of a variable that is not set in production.
+// With CKLITE_FAULT_FILE, "point[:n]:hold" holds the process at point instead: it opens the FIFO
+// path.hold for reading, which blocks until the test opens it for writing (so the test knows the
+// process is there), and reads until the test closes it. Meanwhile the test kills another process
+// (containerd, the snapshotter) at a known step of this one's work.
+//
+// The count is per process: a restarted process starts again from 0. A point costs one lookup of
+// an environment variable that is not set in production.
 package fault
 
 import (
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -29,11 +35,10 @@ const (
 
 // Named points, where the binaries call Point.
 const (
-	ShimAfterDump      = "shim-after-dump"      // the checkpoint's CRIU dump is complete
-	SwitchPrepared     = "switch-prepared"      // a switch's fresh key exists, the container does not refer to it yet
-	SwitchUpdated      = "switch-updated"       // the container refers to the fresh key, the old one is not removed yet
-	SnapshotterCommit  = "snapshotter-commit"   // the snapshotter's commit transaction is written, not yet committed
-	ShimRollbackKilled = "shim-rollback-killed" // a rollback killed the task, its rootfs is not switched yet
+	ShimAfterDump     = "shim-after-dump"    // a CRIU dump is complete (runtime: checkpoints and forks)
+	SwitchPrepared    = "switch-prepared"    // a switch's fresh key exists, the container does not refer to it yet
+	SwitchUpdated     = "switch-updated"     // the container refers to the fresh key, the old one is not removed yet
+	SnapshotterCommit = "snapshotter-commit" // the snapshotter's commit is written, its transaction not committed
 )
 
 var hits struct {
@@ -48,7 +53,7 @@ func Point(point string) {
 	if spec == "" {
 		return
 	}
-	name, n := parse(spec)
+	name, n, hold := parse(spec)
 	if name != point {
 		return
 	}
@@ -59,10 +64,24 @@ func Point(point string) {
 	hits.count++
 	due := hits.count == n
 	hits.Unlock()
-	if due {
+	switch {
+	case !due:
+	case hold:
+		holdAt()
+	default:
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL cannot be caught: nothing runs after it is delivered
 	}
+}
+
+// holdAt blocks until the test has opened and closed the FIFO next to the fault file.
+func holdAt() {
+	f, err := os.OpenFile(os.Getenv(FileEnv)+".hold", os.O_RDONLY, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = io.Copy(io.Discard, f)
 }
 
 // armed is the fault spec: CKLITE_FAULT's, or the content of CKLITE_FAULT_FILE's file.
@@ -81,15 +100,16 @@ func armed() string {
 	return strings.TrimSpace(string(b))
 }
 
-// parse splits "point[:n]"; a missing or invalid n is 1.
-func parse(spec string) (string, int) {
-	name, count, ok := strings.Cut(spec, ":")
-	if !ok {
-		return name, 1
+// parse splits "point[:n][:hold]"; a missing or invalid n is 1.
+func parse(spec string) (name string, n int, hold bool) {
+	fields := strings.Split(spec, ":")
+	name, n = fields[0], 1
+	for _, f := range fields[1:] {
+		if f == "hold" {
+			hold = true
+		} else if v, err := strconv.Atoi(f); err == nil && v > 0 {
+			n = v
+		}
 	}
-	n, err := strconv.Atoi(count)
-	if err != nil || n < 1 {
-		return name, 1
-	}
-	return name, n
+	return name, n, hold
 }
