@@ -14,6 +14,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/cklite/cklite/pkg/fault"
 )
 
 // CheckpointOpts are containerd's checkpoint options in engine terms.
@@ -76,6 +78,9 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	// cgroup itself, with its own, longer, timeout.
 	thaw := !c.Paused() && c.Pause() == nil
 	err = wrap("checkpoint", c.lc.Checkpoint(opts))
+	if err == nil {
+		fault.Point(fault.ShimAfterDump)
+	}
 	if !thaw && err != nil && !c.Paused() {
 		// CRIU thaws a cgroup it found frozen once it holds the tasks by ptrace, and freezes it
 		// again when done; killed in between, it leaves the client's paused task running while
