@@ -15,6 +15,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/cklite/cklite/pkg/fault"
 	"github.com/cklite/cklite/pkg/pagechain"
 )
 
@@ -78,6 +79,9 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	// cgroup itself, with its own, longer, timeout.
 	thaw := !c.Paused() && c.Pause() == nil
 	err = wrap("checkpoint", c.lc.Checkpoint(opts))
+	if err == nil {
+		fault.Point(fault.ShimAfterDump)
+	}
 	if !thaw && err != nil && !c.Paused() {
 		// CRIU thaws a cgroup it found frozen once it holds the tasks by ptrace, and freezes it
 		// again when done; killed in between, it leaves the client's paused task running while
