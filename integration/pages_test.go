@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/pkg/criuimage"
+	"github.com/cklite/cklite/pkg/fault"
 	"github.com/cklite/cklite/pkg/pagechain"
 )
 
@@ -158,33 +161,15 @@ func TestPagesDedup(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	img := e.sandboxImage(t)
-	c := e.newContainer(t, "pages", img, oci.WithProcessArgs("python3", "-c", memScript), oci.WithEnv([]string{"MIB=" + strconv.Itoa(mib)}))
-	if _, err := startTask(e.ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	p := memProc{rootfs: e.d.RootfsPath(c.ID())}
-	start := parseState(t, p.wait(t, "the process's first state", "mem", func(f []string) bool { return len(f) == 3 }))
+	c, _, p, start := e.memContainer(t, "pages", mib)
 
 	var cks []pagesCheckpoint
 	for step := 1; step <= 5; step++ {
-		st := p.stepTo(t, step)
-		if st.token != start.token {
-			t.Fatalf("step %d: token %s, the process started with %s", step, st.token, start.token)
-		}
-		began := time.Now()
-		var v struct {
-			ID        string `json:"id"`
-			ImagePath string `json:"imagePath"`
-		}
-		if err := json.Unmarshal([]byte(cklite(t, e.d, "checkpoint", "create", "--format", "json", c.ID())), &v); err != nil {
-			t.Fatal(err)
-		}
-		logTiming(t, fmt.Sprintf("cklite checkpoint create, %d MiB held", mib), began)
-		r := waitReport(t, v.ImagePath)
-		t.Logf("checkpoint %d (%s): du %s, pagechain %+v", step, v.ID, mibs(du(t, v.ImagePath)), r)
-		cks = append(cks, pagesCheckpoint{id: v.ID, dir: v.ImagePath, state: st})
-		p.expect(t, fmt.Sprintf("after checkpoint %d", step), st)
+		ck := e.pagesCheckpoint(t, c.ID(), p, step, start.token, mib)
+		r := waitReport(t, ck.dir)
+		t.Logf("checkpoint %d (%s): du %s, pagechain %+v", step, ck.id, mibs(du(t, ck.dir)), r)
+		p.expect(t, fmt.Sprintf("after checkpoint %d", step), ck.state)
+		cks = append(cks, ck)
 	}
 	checkDisk(t, cks, mib, dedup)
 
@@ -270,6 +255,105 @@ func TestPagesDedup(t *testing.T) {
 		}
 		memProc{rootfs: e.d.RootfsPath(rc.ID())}.expect(t, "restored from the exported image", last.state)
 	})
+}
+
+// pagesCheckpoint asks the process of container id for step, checkpoints it with `cklite checkpoint
+// create` (into cklite's checkpoints directory) and checks it runs on with the same memory.
+func (e *ckEnv) pagesCheckpoint(t *testing.T, id string, p memProc, step int, token string, mib int) pagesCheckpoint {
+	t.Helper()
+	st := p.stepTo(t, step)
+	if st.token != token {
+		t.Fatalf("step %d: token %s, the process started with %s", step, st.token, token)
+	}
+	began := time.Now()
+	var v struct {
+		ID        string `json:"id"`
+		ImagePath string `json:"imagePath"`
+	}
+	if err := json.Unmarshal([]byte(cklite(t, e.d, "checkpoint", "create", "--format", "json", id)), &v); err != nil {
+		t.Fatal(err)
+	}
+	logTiming(t, fmt.Sprintf("cklite checkpoint create, %d MiB held", mib), began)
+	return pagesCheckpoint{id: v.ID, dir: v.ImagePath, state: st}
+}
+
+// memContainer creates and starts container id running memScript with mib MiB on the sandbox
+// image, and returns the process and its first state.
+func (e *ckEnv) memContainer(t *testing.T, id string, mib int) (client.Container, client.Task, memProc, memState) {
+	t.Helper()
+	img := e.sandboxImage(t)
+	c := e.newContainer(t, id, img, oci.WithProcessArgs("python3", "-c", memScript), oci.WithEnv([]string{"MIB=" + strconv.Itoa(mib)}))
+	task, err := startTask(e.ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := memProc{rootfs: e.d.RootfsPath(c.ID())}
+	return c, task, p, parseState(t, p.wait(t, "the process's first state", "mem", func(f []string) bool { return len(f) == 3 }))
+}
+
+// TestPagesDedupKilled kills the shim (pkg/fault's pagechain-swap) in the middle of a checkpoint's
+// deduplication, between a rewritten pages file put in place and the pagemap naming it: the
+// checkpoint, linked to its parent but not rewritten, restores to its memory, its parent too, and
+// `checkpoint rm --image` of the parent detaches it, sweeping what the kill left.
+func TestPagesDedupKilled(t *testing.T) {
+	e := newFaultEnv(t, ckTimeout)
+	c, task, p, start := e.memContainer(t, "pages-killed", 16)
+	ck1 := e.pagesCheckpoint(t, c.ID(), p, 1, start.token, 16)
+	waitReport(t, ck1.dir)
+	exited, err := task.Wait(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.arm(t, fault.PagechainSwap)
+	ck2 := e.pagesCheckpoint(t, c.ID(), p, 2, start.token, 16)
+	select {
+	case <-exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the shim did not die at " + fault.PagechainSwap + " within 2 minutes")
+	}
+	e.arm(t, "")
+	e.deleteDeadTask(t, c)
+	if _, err := os.Lstat(filepath.Join(ck2.dir, criuimage.ParentLink)); err != nil {
+		t.Fatalf("the killed deduplication did not reach its swap: %v", err)
+	}
+	if _, err := pagechain.ReadReport(ck2.dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a report of the killed deduplication: %v", err)
+	}
+	eventually(t, "containerd to drop the killed task", func() error {
+		_, err := e.restore(c, nil, client.WithRestoreImagePath(ck2.dir))
+		if err != nil && !errdefs.IsAlreadyExists(err) {
+			t.Fatalf("restoring %s from %s after the kill: %v%s", c.ID(), ck2.dir, err, criuErrors(err))
+		}
+		return err
+	})
+	p.expect(t, "restored from the killed deduplication's checkpoint", ck2.state)
+	e.rollback(t, c, ck1.dir)
+	p.expect(t, "restored from its parent", ck1.state)
+	// The kill left the rewritten pages file, which no pagemap names yet.
+	if pages, named := pagesFiles(t, ck2.dir); len(pages) != len(named)+1 {
+		t.Fatalf("after the kill: pages files %v, named by pagemaps %v: want one left over", pages, named)
+	}
+	cklite(t, e.d, "checkpoint", "rm", "--image", ck1.id)
+	pages, named := pagesFiles(t, ck2.dir)
+	if _, err := os.Lstat(filepath.Join(ck2.dir, criuimage.ParentLink)); !errors.Is(err, os.ErrNotExist) || len(pages) != len(named) {
+		t.Fatalf("after removing its parent: parent link %v, pages files %v, named %v", err, pages, named)
+	}
+	e.rollback(t, c, ck2.dir)
+	p.expect(t, "restored from the detached checkpoint", ck2.state)
+}
+
+// pagesFiles lists dir's pages files and those its pagemaps name.
+func pagesFiles(t *testing.T, dir string) ([]string, map[string]string) {
+	t.Helper()
+	named, err := criuimage.PagesFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pages, named
 }
 
 // waitReport waits for the shim's deduplication of dir to be done (or declined).

@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/pkg/criuimage"
+	"github.com/cklite/cklite/pkg/fault"
 )
 
 // Result is what a rewrite of an image directory did.
@@ -231,6 +232,7 @@ func (s swap) commit(dir string) error {
 	if err := syncDir(dir); err != nil {
 		return err
 	}
+	fault.Point(fault.PagechainSwap)
 	if err := writeFileSync(filepath.Join(dir, criuimage.PagemapName(s.pid)), s.pagemap.Encode()); err != nil {
 		return err
 	}
