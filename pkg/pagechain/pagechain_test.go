@@ -3,6 +3,7 @@ package pagechain
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -283,6 +284,33 @@ func TestRemoveMiddle(t *testing.T) {
 	}
 	if parent, _ := parentOf(c); parent != "" {
 		t.Fatalf("c still has parent %s", parent)
+	}
+}
+
+// TestChainTooLong: a directory whose parent has MaxChain-1 parents already is not deduplicated
+// (admission would refuse a longer chain): it stays a full dump and starts a new chain.
+func TestChainTooLong(t *testing.T) {
+	root := t.TempDir()
+	m := seq(mem{}, 0, 2, "ab")
+	prev := writeDump(t, root, "0", m, 1)
+	for i := 1; i <= criuimage.MaxChain; i++ {
+		dir := writeDump(t, root, fmt.Sprint(i), m, 1)
+		_, err := Dedup(dir, prev)
+		if i < criuimage.MaxChain && err != nil {
+			t.Fatalf("level %d: %v", i, err)
+		}
+		if i == criuimage.MaxChain {
+			if !errors.Is(err, ErrChainTooLong) {
+				t.Fatalf("level %d: %v, want ErrChainTooLong", i, err)
+			}
+			if parent, _ := parentOf(dir); parent != "" || !mapsEqual(memory(t, dir), m) {
+				t.Fatalf("level %d was linked (%q) or changed", i, parent)
+			}
+		}
+		prev = dir
+	}
+	if chain, err := criuimage.Chain(filepath.Join(root, fmt.Sprint(criuimage.MaxChain-1)), root); err != nil || len(chain) != criuimage.MaxChain-1 {
+		t.Fatalf("the longest chain: %d parents, %v", len(chain), err)
 	}
 }
 
