@@ -14,8 +14,10 @@ import (
 const ParentLink = "parent"
 
 // MaxChain bounds how many parent directories a chain may have: CRIU opens every level's pagemap
-// and pages file for every process, recursively.
-const MaxChain = 64
+// and pages file for every process, recursively. Measured here (criu restore of a process holding
+// 128 MiB, median of 9): 177 ms from a full dump, 173 ms through 31 parents, 189 ms through 127.
+// 128 levels keep 100 checkpoints of a process that changes little at under 1.5 full dumps.
+const MaxChain = 128
 
 // Chain returns dir's parent image directories, nearest first, resolved: none when dir has no
 // ParentLink. Every link must be a symbolic link to a directory below root (when root is not "",
