@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
@@ -17,6 +16,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	ckclient "github.com/cklite/cklite/pkg/client"
 )
 
 func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
@@ -49,12 +49,12 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, err := cli.connect(ctx)
+		ctrd, ctx, err := cli.containerd(ctx)
 		if err != nil {
 			return err
 		}
 		defer ctrd.Close()
-		c, err := ckliteContainer(ctx, ctrd, args[0])
+		c, err := ckclient.FromContainerd(ctrd, cli.namespace).CkliteContainer(ctx, args[0])
 		if err != nil {
 			return err
 		}
@@ -121,8 +121,8 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		case out.quiet:
 			out.ids(cli.stdout, m.ID)
 		case out.json():
-			v := newViewer(ctx, ctrd, cli).view(checkpoint.Record{Meta: m, ImagePath: dir})
-			return printJSON(cli.stdout, createdView{checkpointView: v, TookMs: took.Milliseconds()})
+			v := newViewer(ctx, ckclient.FromContainerd(ctrd, cli.namespace), cli).view(checkpoint.Record{Meta: m, ImagePath: dir})
+			return printJSON(cli.stdout, createdView{Checkpoint: v, TookMs: took.Milliseconds()})
 		default:
 			fmt.Fprintf(cli.stdout, "checkpoint %s (%s) of %s in %s\n", m.ID, m.Contents, c.ID(), took.Round(time.Millisecond))
 		}
@@ -133,7 +133,7 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 // createdView is what checkpoint create --format json prints: the checkpoint, as inspect prints
 // it, and how long it took.
 type createdView struct {
-	checkpointView
+	ckclient.Checkpoint
 	TookMs int64 `json:"tookMs"`
 }
 
@@ -149,53 +149,6 @@ func nameFree(ctx context.Context, ctrd *client.Client, namespace, id, name stri
 		}
 	}
 	return nil
-}
-
-// ckliteContainer loads the container ref names (id, nerdctl name or unique id prefix) and refuses
-// it, before anything is asked of its task, unless it runs on cklite's runtime.
-func ckliteContainer(ctx context.Context, ctrd *client.Client, ref string) (client.Container, error) {
-	c, err := resolveContainer(ctx, ctrd, ref)
-	if err != nil {
-		return nil, err
-	}
-	id := c.ID()
-	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
-	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", id, err)
-	}
-	if err := checkpoint.CheckRuntime(id, info.Runtime.Name); err != nil {
-		// Under the runc name by path (docs/architecture.md) the record does not say which shim
-		// runs the task: the task's init, whose parent is its shim, does.
-		if shim := shimBinary(ctx, c); shim != "" && checkpoint.CheckRuntime(id, shim) == nil {
-			return c, nil
-		}
-		return nil, err
-	}
-	return c, nil
-}
-
-// shimBinary is the path of the binary of the shim running c's task, or "" when that cannot be
-// told: no task, or its init not in this PID namespace. A shim is the parent of its task's init
-// (a child subreaper, also of a restored one).
-func shimBinary(ctx context.Context, c client.Container) string {
-	task, err := c.Task(ctx, nil)
-	if err != nil || task.Pid() == 0 {
-		return ""
-	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", task.Pid()))
-	if err != nil {
-		return ""
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if ppid, ok := strings.CutPrefix(line, "PPid:"); ok {
-			exe, err := os.Readlink(fmt.Sprintf("/proc/%s/exe", strings.TrimSpace(ppid)))
-			if err != nil {
-				return ""
-			}
-			return strings.TrimSuffix(exe, " (deleted)")
-		}
-	}
-	return ""
 }
 
 // setLabelsFor sets labels on c for the one checkpoint the shim reads them for, and returns what

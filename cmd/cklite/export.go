@@ -44,7 +44,7 @@ func checkpointExportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if err != nil {
 			return err
 		}
-		ctrd, ctx, err := cli.connect(ctx)
+		ctrd, ctx, err := cli.containerd(ctx)
 		if err != nil {
 			return err
 		}

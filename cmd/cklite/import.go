@@ -24,7 +24,7 @@ func checkpointImportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, err := cli.connect(ctx)
+		ctrd, ctx, err := cli.containerd(ctx)
 		if err != nil {
 			return err
 		}

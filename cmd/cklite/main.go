@@ -26,6 +26,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	ckclient "github.com/cklite/cklite/pkg/client"
 )
 
 // command is one cklite command: its words on the command line and what runs it.
@@ -64,17 +66,22 @@ type cli struct {
 	stderr    io.Writer
 }
 
-// connect returns a client of containerd and ctx in the namespace of the global options.
-func (c *cli) connect(ctx context.Context) (*client.Client, context.Context, error) {
-	// The client would retry a missing socket until its 10 s timeout.
-	if _, err := os.Stat(strings.TrimPrefix(c.address, "unix://")); err != nil {
-		return nil, nil, fmt.Errorf("containerd's socket: %w (is containerd running? --address)", err)
-	}
-	ctrd, err := client.New(c.address, client.WithDefaultNamespace(c.namespace))
+// connect returns cklite's client of the containerd and namespace of the global options.
+func (c *cli) connect(context.Context) (*ckclient.Client, error) {
+	cl, err := ckclient.New(c.address, c.namespace)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to containerd at %s: %w", c.address, err)
+		return nil, fmt.Errorf("%w (--address)", err)
 	}
-	return ctrd, namespaces.WithNamespace(ctx, c.namespace), nil
+	return cl, nil
+}
+
+// containerd returns a client of containerd and ctx in the namespace of the global options.
+func (c *cli) containerd(ctx context.Context) (*client.Client, context.Context, error) {
+	cl, err := c.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl.Containerd(), namespaces.WithNamespace(ctx, c.namespace), nil
 }
 
 func main() {

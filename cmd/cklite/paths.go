@@ -42,7 +42,7 @@ func pathsFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, err := cli.connect(ctx)
+		ctrd, ctx, err := cli.containerd(ctx)
 		if err != nil {
 			return err
 		}

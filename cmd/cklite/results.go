@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	ckclient "github.com/cklite/cklite/pkg/client"
 	"github.com/cklite/cklite/pkg/fork"
 )
 
@@ -27,21 +28,12 @@ func printRollback(ctx context.Context, cli *cli, out *output, c client.Containe
 		out.ids(cli.stdout, c.ID())
 	case out.json():
 		return printJSON(cli.stdout, rolledBack{
-			Container: c.ID(), ContainerName: containerName(ctx, c), Checkpoint: m.ID, CheckpointName: m.Name, TookMs: took.Milliseconds(),
+			Container: c.ID(), ContainerName: ckclient.ContainerName(ctx, c), Checkpoint: m.ID, CheckpointName: m.Name, TookMs: took.Milliseconds(),
 		})
 	default:
 		fmt.Fprintf(cli.stdout, "%s rolled back to %s in %s\n", c.ID(), m.ID, took.Round(time.Millisecond))
 	}
 	return nil
-}
-
-// containerName is c's nerdctl name, or "".
-func containerName(ctx context.Context, c client.Container) string {
-	labels, err := c.Labels(ctx)
-	if err != nil {
-		return ""
-	}
-	return labels[nerdctlNameLabel]
 }
 
 // forked is one fork as fork --format json prints it: a fork running, or one that failed (and was

@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	ckclient "github.com/cklite/cklite/pkg/client"
 )
 
 func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
@@ -28,7 +29,7 @@ func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error
 			return err
 		}
 		defer ctrd.Close()
-		c, err := ckliteContainer(ctx, ctrd, args[0])
+		c, err := ckclient.FromContainerd(ctrd, cli.namespace).CkliteContainer(ctx, args[0])
 		if err != nil {
 			return err
 		}
