@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/log"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
@@ -239,23 +237,4 @@ func fsSize(v ckclient.Checkpoint) string {
 		return "?"
 	}
 	return size(v.Filesystem.Bytes)
-}
-
-// checkpoints connects to containerd and reads the namespace's checkpoints, oldest first, each
-// under the nearest checkpoint it descends from (ckclient.Client.Tree).
-func (c *cli) checkpoints(ctx context.Context) (*client.Client, context.Context, []checkpoint.Record, error) {
-	cl, err := c.connect(ctx)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	tree, err := cl.Tree(ctx, ckclient.Filter{})
-	if err != nil {
-		cl.Close()
-		return nil, nil, nil, err
-	}
-	var records []checkpoint.Record
-	for _, l := range tree.Lines() {
-		records = append(records, l.Record)
-	}
-	return cl.Containerd(), namespaces.WithNamespace(ctx, c.namespace), oldestFirst(records), nil
 }

@@ -69,7 +69,7 @@ func (c *Client) Containerd() *containerd.Client { return c.ctrd }
 // Namespace is the containerd namespace the client works in.
 func (c *Client) Namespace() string { return c.namespace }
 
-// ctx is ctx in the client's namespace.
-func (c *Client) ctx(ctx context.Context) context.Context {
+// Context is ctx in the client's namespace, for calls through Containerd.
+func (c *Client) Context(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, c.namespace)
 }

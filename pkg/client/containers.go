@@ -22,7 +22,7 @@ const NerdctlNameLabel = "nerdctl/name"
 // only one whose id starts with ref. Several matches are errdefs.ErrInvalidArgument listing them;
 // none is errdefs.ErrNotFound.
 func (c *Client) Container(ctx context.Context, ref string) (containerd.Container, error) {
-	ctx = c.ctx(ctx)
+	ctx = c.Context(ctx)
 	if ref == "" {
 		return nil, fmt.Errorf("empty container name: %w", errdefs.ErrInvalidArgument)
 	}
@@ -90,7 +90,7 @@ func describeContainer(c containers.Container) string {
 // CkliteContainer is the container ref names, refused, before anything is asked of its task,
 // unless it runs on cklite's runtime (errdefs.ErrNotImplemented).
 func (c *Client) CkliteContainer(ctx context.Context, ref string) (containerd.Container, error) {
-	ctx = c.ctx(ctx)
+	ctx = c.Context(ctx)
 	ctr, err := c.Container(ctx, ref)
 	if err != nil {
 		return nil, err

@@ -43,7 +43,7 @@ func (c *Client) Describe(ctx context.Context, r checkpoint.Record, usage bool) 
 	if !usage || !r.Contents.HasFS() || r.Frozen == "" {
 		return v, nil
 	}
-	u, err := c.ctrd.SnapshotService(r.Snapshotter).Usage(c.ctx(ctx), r.Frozen)
+	u, err := c.ctrd.SnapshotService(r.Snapshotter).Usage(c.Context(ctx), r.Frozen)
 	if err != nil {
 		return v, err
 	}

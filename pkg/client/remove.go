@@ -36,7 +36,7 @@ type RemoveOptions struct {
 // (errdefs.ErrFailedPrecondition) unless Force. On an error the checkpoints returned are gone and
 // the others are still there, each with its ancestors.
 func (c *Client) Remove(ctx context.Context, ref string, opts RemoveOptions) ([]checkpoint.Record, error) {
-	ctx = c.ctx(ctx)
+	ctx = c.Context(ctx)
 	tree, err := c.Tree(ctx, Filter{})
 	if err != nil {
 		return nil, err

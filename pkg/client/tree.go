@@ -19,7 +19,7 @@ import (
 
 // List returns the namespace's checkpoints, oldest first, as their leases record them.
 func (c *Client) List(ctx context.Context) ([]checkpoint.Record, error) {
-	return checkpoint.List(c.ctx(ctx), c.ctrd.LeasesService(), c.namespace)
+	return checkpoint.List(c.Context(ctx), c.ctrd.LeasesService(), c.namespace)
 }
 
 // Filter selects checkpoints for Tree; the zero Filter selects all.
@@ -43,6 +43,8 @@ type Container struct {
 	ID      string
 	Name    string // nerdctl's name, or ""
 	Running bool   // its task runs or is paused
+	// Lineage is the checkpoints its state descends from, nearest first (checkpoint.LineageKey).
+	Lineage checkpoint.Lineage
 }
 
 // Tree reads the namespace's checkpoints that f selects, arranged by parent. A checkpoint whose
@@ -50,7 +52,7 @@ type Container struct {
 // (checkpoint.KeepAncestry), and each container's current checkpoint carries it in Current.
 // When the snapshotter that would tell the ancestry is down, parents stay as recorded.
 func (c *Client) Tree(ctx context.Context, f Filter) (*Tree, error) {
-	ctx = c.ctx(ctx)
+	ctx = c.Context(ctx)
 	all, err := c.List(ctx)
 	if err != nil {
 		return nil, err
@@ -99,8 +101,9 @@ func (c *Client) containers(ctx context.Context) (map[string]Container, map[stri
 	out := make(map[string]Container, len(list))
 	lineages := make(map[string]checkpoint.Lineage, len(list))
 	for _, ctr := range list {
-		out[ctr.ID] = Container{ID: ctr.ID, Name: ctr.Labels[NerdctlNameLabel], Running: running[ctr.ID]}
-		lineages[ctr.ID] = checkpoint.ParseLineage(ctr.Labels[checkpoint.LineageKey])
+		l := checkpoint.ParseLineage(ctr.Labels[checkpoint.LineageKey])
+		out[ctr.ID] = Container{ID: ctr.ID, Name: ctr.Labels[NerdctlNameLabel], Running: running[ctr.ID], Lineage: l}
+		lineages[ctr.ID] = l
 	}
 	return out, lineages, nil
 }
