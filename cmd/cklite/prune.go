@@ -38,22 +38,31 @@ func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string
 		switch {
 		case out.quiet:
 			for _, p := range res {
-				out.ids(cli.stdout, p.ID)
+				if p.ImageDir == "" {
+					out.ids(cli.stdout, p.ID)
+				}
 			}
 		case out.json():
 			if perr := printJSON(cli.stdout, res); perr != nil {
 				return perr
 			}
 		default:
+			checkpoints := 0
 			for _, p := range res {
 				verb := "removed"
 				if opts.DryRun {
 					verb = "would remove"
 				}
-				fmt.Fprintf(cli.stdout, "%s %s: %s\n", verb, p.ID, p.Reason)
+				what := p.ID
+				if p.ImageDir != "" {
+					what = "image directory " + p.ImageDir
+				} else {
+					checkpoints++
+				}
+				fmt.Fprintf(cli.stdout, "%s %s: %s\n", verb, what, p.Reason)
 			}
 			if !opts.DryRun && err == nil {
-				fmt.Fprintf(cli.stdout, "%d of %d checkpoints removed\n", len(res), total)
+				fmt.Fprintf(cli.stdout, "%d of %d checkpoints removed\n", checkpoints, total)
 			}
 		}
 		return err

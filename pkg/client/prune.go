@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,8 +27,10 @@ type PruneOptions struct {
 	// checkpoint image in the namespace and no directory below Dirs holds.
 	Unreferenced bool
 	// Orphaned also removes the checkpoints whose container is gone and that no container
-	// descends from (docs/checkpoints.md, lifetime): a container's checkpoints outlive it, as its
-	// history and the state its forks came from, until nothing uses them.
+	// descends from (docs/cli.md, lifetime): a container's checkpoints outlive it, as its history
+	// and the state its forks came from, until nothing uses them. And it removes the image
+	// directories in this containerd's own checkpoints directory (Paths) whose checkpoint is no
+	// longer listed.
 	Orphaned bool
 	DryRun   bool // say what would go, remove nothing
 	GC       bool // collect garbage before returning, so that freed layers go now
@@ -40,6 +43,9 @@ type Pruned struct {
 	Container string `json:"container"`
 	Reason    string `json:"reason"`
 	Removed   bool   `json:"removed"` // false with DryRun
+	// ImageDir is set for an image directory removed by Orphaned: its checkpoint was removed
+	// before (or just now, when it is listed as well).
+	ImageDir string `json:"imageDir,omitempty"`
 }
 
 // Prune removes the checkpoints opts selects, children before their parents, and returns them
@@ -85,7 +91,60 @@ func (c *Client) Prune(ctx context.Context, opts PruneOptions) ([]Pruned, int, e
 		}
 		res[len(res)-1].Removed = true
 	}
+	if opts.Orphaned {
+		dirs, err := c.orphanedDirs(ctx, lines, res, opts.DryRun)
+		res = append(res, dirs...)
+		if err != nil {
+			return res, len(lines), err
+		}
+	}
 	return res, len(lines), nil
+}
+
+// orphanedDirs removes (unless dryRun) the image directories in the namespace's directory of
+// this containerd's checkpoints whose cklite.json names a checkpoint not among lines, or one
+// pruned. A directory without a readable cklite.json is left: it may be a checkpoint being
+// taken (the shim writes the file last), or not cklite's.
+func (c *Client) orphanedDirs(ctx context.Context, lines []checkpoint.Line, pruned []Pruned, dryRun bool) ([]Pruned, error) {
+	inst, err := c.Paths(ctx)
+	if err != nil {
+		return nil, err
+	}
+	root, err := inst.NamespaceCheckpoints(c.namespace)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("checkpoints directory: %w", err)
+	}
+	kept := map[string]bool{}
+	for _, l := range lines {
+		kept[l.ID] = true
+	}
+	for _, p := range pruned {
+		kept[p.ID] = kept[p.ID] && !p.Removed && !dryRun
+	}
+	var res []Pruned
+	for _, e := range entries {
+		dir := filepath.Join(root, e.Name())
+		m, err := checkpoint.Read(dir)
+		if err != nil || kept[m.ID] {
+			continue
+		}
+		p := Pruned{ID: m.ID, Name: m.Name, Container: m.Container, Reason: "its checkpoint is no longer listed", ImageDir: dir}
+		if !dryRun {
+			if err := os.RemoveAll(dir); err != nil {
+				return res, fmt.Errorf("remove %s: %w", dir, err)
+			}
+			p.Removed = true
+		}
+		res = append(res, p)
+	}
+	return res, nil
 }
 
 // descended is the checkpoints some container of the namespace descends from: those in the
