@@ -16,7 +16,7 @@ func (d *dirList) Set(v string) error { *d = append(*d, v); return nil }
 
 func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	var opts ckclient.PruneOptions
-	fs.Var((*dirList)(&opts.Dirs), "dir", "a `DIR` whose subdirectories are checkpoint image directories that count as references (repeatable; "+ckclient.DefaultNerdctlCheckpoints+" when it exists)")
+	fs.Var((*dirList)(&opts.Dirs), "dir", "a `DIR` whose subdirectories are checkpoint image directories that count as references (repeatable; default: nerdctl's checkpoints directory, <data_root>/checkpoints of its nerdctl.toml, when it exists)")
 	fs.BoolVar(&opts.Unreferenced, "unreferenced", false, "also remove checkpoints with no recorded image directory that no checkpoint image and no --dir holds")
 	fs.BoolVar(&opts.Orphaned, "orphaned", false, "also remove the checkpoints whose container is gone and that no container descends from (forked, restored or rolled back from)")
 	fs.BoolVar(&opts.DryRun, "dry-run", false, "print what would be removed, remove nothing")

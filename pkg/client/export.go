@@ -204,7 +204,11 @@ func (e *exporter) checkpointDir(ctx context.Context, name string) (dir string, 
 	n, err := tree.Lookup(name)
 	if err == nil {
 		// The directory must still hold this checkpoint, not one written into it since.
-		src, err := fork.SourceOf(n.Record, "")
+		dir := ""
+		if n.ImagePath == "" {
+			dir = nerdctlImages(n.ID, "") // nerdctl checkpoint create records none
+		}
+		src, err := fork.SourceOf(n.Record, dir)
 		if err != nil {
 			return "", false, err
 		}

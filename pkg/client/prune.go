@@ -13,15 +13,11 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 )
 
-// DefaultNerdctlCheckpoints is where nerdctl keeps `nerdctl checkpoint create`'s directories
-// (<data-root>/checkpoints/NAME), for its default data root.
-const DefaultNerdctlCheckpoints = "/var/lib/nerdctl/checkpoints"
-
 // PruneOptions say which checkpoints Prune removes besides those whose recorded image directory
 // is gone (or now holds another checkpoint).
 type PruneOptions struct {
 	// Dirs are directories whose subdirectories are image directories that count as references
-	// (default: DefaultNerdctlCheckpoints when it exists).
+	// (default: NerdctlCheckpoints, when it exists).
 	Dirs []string
 	// Unreferenced also removes the checkpoints with no recorded image directory that no
 	// checkpoint image in the namespace and no directory below Dirs holds.
@@ -54,8 +50,10 @@ func (c *Client) Prune(ctx context.Context, opts PruneOptions) ([]Pruned, int, e
 	ctx = c.Context(ctx)
 	dirs := opts.Dirs
 	if len(dirs) == 0 {
-		if _, err := os.Stat(DefaultNerdctlCheckpoints); err == nil {
-			dirs = []string{DefaultNerdctlCheckpoints}
+		if nerdctl, err := NerdctlCheckpoints(); err == nil {
+			if _, err := os.Stat(nerdctl); err == nil {
+				dirs = []string{nerdctl}
+			}
 		}
 	}
 	tree, err := c.Tree(ctx, Filter{})

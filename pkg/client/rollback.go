@@ -63,9 +63,11 @@ func (c *Client) Rollback(ctx context.Context, ref, ckRef string, opts RollbackO
 	return RolledBack{Container: ctr.ID(), ContainerName: ContainerName(ctx, ctr), Checkpoint: src.Checkpoint, Took: time.Since(start)}, nil
 }
 
-// Source is the checkpoint ref names with its images in imagePath or where it recorded them; or,
-// with ref "", the checkpoint whose images are in imagePath, which must still be listed: its
-// lease is what keeps its frozen layer. It is what Fork and Rollback restore.
+// Source is the checkpoint ref names with its images in imagePath or where it recorded them (or,
+// for one nerdctl took, in nerdctl's checkpoint directory); or, with ref "", the checkpoint whose
+// images are in imagePath, which must still be listed: its lease is what keeps its frozen layer.
+// A ref that names no checkpoint may name a nerdctl checkpoint (nerdctl checkpoint create's
+// NAME). It is what Fork and Rollback restore.
 func (c *Client) Source(ctx context.Context, ref, imagePath string) (fork.Source, error) {
 	tree, err := c.Tree(ctx, Filter{})
 	if err != nil {
@@ -82,8 +84,17 @@ func (c *Client) Source(ctx context.Context, ref, imagePath string) (fork.Source
 		return src, nil
 	}
 	n, err := tree.Lookup(ref)
+	if errdefs.IsNotFound(err) && imagePath == "" {
+		// A nerdctl checkpoint's name.
+		if dir := nerdctlImages("", ref); dir != "" {
+			return c.Source(ctx, "", dir)
+		}
+	}
 	if err != nil {
 		return fork.Source{}, err
+	}
+	if imagePath == "" && n.ImagePath == "" {
+		imagePath = nerdctlImages(n.ID, "")
 	}
 	return fork.SourceOf(n.Record, imagePath)
 }
