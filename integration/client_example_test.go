@@ -28,6 +28,7 @@ type exampleReport struct {
 // a step, a checkpoint, a bad action, a rollback in place, 4 forks, an export. What it reports is
 // checked against containerd and the sandboxes' files.
 func TestClientExample(t *testing.T) {
+	expectExampleInDocs(t)
 	e := newCkEnv(t)
 	bin := filepath.Join(t.TempDir(), "example")
 	build := exec.CommandContext(e.ctx, "go", "build", "-o", bin, "./example")
@@ -96,5 +97,23 @@ func expectFile(t *testing.T, path, want string) {
 	t.Helper()
 	if data, err := os.ReadFile(path); err != nil || string(data) != want {
 		t.Fatalf("%s holds %q (%v), want %q", path, data, err, want)
+	}
+}
+
+// expectExampleInDocs checks that docs/client.md shows the example's run function as it is.
+func expectExampleInDocs(t *testing.T) {
+	t.Helper()
+	src, err := os.ReadFile("example/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := os.ReadFile("../docs/client.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := strings.Index(string(src), "func run(")
+	end := strings.Index(string(src)[start:], "\n}\n")
+	if start < 0 || end < 0 || !strings.Contains(string(docs), string(src)[start:start+end+3]) {
+		t.Fatal("docs/client.md does not show integration/example's run function as it is: copy it there")
 	}
 }

@@ -1,11 +1,14 @@
 // Command cklite says and does what containerd's own tools cannot about cklite checkpoints: the
 // tree of a namespace's checkpoints, their removal, forking one into many containers, and
 // packing one as an OCI image that restores wherever it is pulled (pkg/ckimage).
-// Checkpoints are taken and restored with the stock tools (ctr, nerdctl, the Go client, CRI).
+// Checkpoints are taken and restored with the stock tools (ctr, nerdctl, the Go client, CRI) or
+// with cklite itself. The commands are flags and output around pkg/client, cklite's Go client,
+// which does the work.
 //
-//	cklite checkpoint ls                           # the tree, with sizes and expiry
+//	cklite checkpoint ls                           # the tree, sizes, each container's current node
 //	cklite checkpoint inspect 5661a3               # JSON; any unique id prefix
 //	cklite checkpoint rm --gc --image 5661a3       # free the layers now, remove the image directory
+//	cklite checkpoint rm -r 5661a3                 # and every checkpoint below it
 //	cklite -n k8s.io fork -n 8 --log-dir /tmp/forks 5661a3
 //	cklite -n k8s.io checkpoint export --ref reg/app:ck1 ckpt.tar # the kubelet's archive → an image
 package main
@@ -44,11 +47,11 @@ type command struct {
 var commands = []command{
 	{name: "checkpoint ls", aliases: []string{"checkpoint list"}, summary: "List the namespace's checkpoints as a tree, children under the checkpoint they were taken on.", flags: checkpointListFlags},
 	{name: "checkpoint inspect", args: "CHECKPOINT...", summary: "Print checkpoints as JSON, with the size of their frozen layer. A CHECKPOINT is an id, a name, a unique id prefix or KEY=VALUE.", flags: checkpointInspectFlags},
-	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "CHECKPOINT...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
+	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "CHECKPOINT...", summary: "Remove checkpoints (-r: with all below them): their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
 	{name: "checkpoint create", args: "CONTAINER", summary: "Checkpoint a container (id, name or unique id prefix): memory and filesystem, or either alone. Prints the checkpoint's id (-q: alone).", flags: checkpointCreateFlags},
 	{name: "checkpoint export", args: "CHECKPOINT|DIR|ARCHIVE", summary: "Make a checkpoint (id, CRIU image directory or CRI checkpoint archive) an OCI image that a cklite container restores from.", flags: checkpointExportFlags},
 	{name: "checkpoint import", args: "FILE", summary: "Import a checkpoint image from an OCI archive (what export -o writes).", flags: checkpointImportFlags},
-	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds).", flags: checkpointPruneFlags},
+	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds; --orphaned: also those of gone containers nothing descends from).", flags: checkpointPruneFlags},
 	{name: "rollback", args: "CONTAINER [CHECKPOINT]", summary: "Roll a running container back to a checkpoint in place: same task, stdio and network namespace.", flags: rollbackFlags},
 	{name: "fork", args: "[CHECKPOINT]", summary: "Restore one checkpoint into N new containers, all running at once.", flags: forkFlags},
 	{name: "setup", summary: "Write the configuration of containerd, cklite-snapshotter, the shim and nerdctl for a cklite instance under one directory (docs/configuration.md).", flags: setupFlags},

@@ -37,7 +37,7 @@ type RemoveOptions struct {
 // the others are still there, each with its ancestors.
 func (c *Client) Remove(ctx context.Context, ref string, opts RemoveOptions) ([]checkpoint.Record, error) {
 	ctx = c.Context(ctx)
-	tree, err := c.Tree(ctx, Filter{})
+	tree, err := c.removalTree(ctx, opts.Recursive)
 	if err != nil {
 		return nil, err
 	}
@@ -69,6 +69,21 @@ func (c *Client) Remove(ctx context.Context, ref string, opts RemoveOptions) ([]
 		}
 	}
 	return removed, nil
+}
+
+// removalTree is the tree a removal looks its checkpoint up in. A subtree is the one Tree draws
+// (across removed checkpoints, with the containers that run on each); one checkpoint needs only
+// the records, which spares a caller removing hundreds one by one the containers' and layers'
+// lookups.
+func (c *Client) removalTree(ctx context.Context, recursive bool) (*Tree, error) {
+	if recursive {
+		return c.Tree(ctx, Filter{})
+	}
+	records, err := c.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Tree{Tree: checkpoint.NewTree(records)}, nil
 }
 
 // inUse refuses nodes when one is the current checkpoint of a running container.
