@@ -148,8 +148,9 @@ type pagesCheckpoint struct {
 // create` after each of 5 steps. Each checkpoint after the first is stored as what changed since
 // the one before (pagechain.json, the parent link) and takes a small part of a full dump on disk;
 // each rolls back in place to exactly its memory (token, step and checksum of the 64 MiB); a fork
-// of the last has its memory; `checkpoint rm --image` of a middle one leaves the others
-// restorable; the last one exported as a checkpoint image restores from it. With
+// of the last has its memory; `checkpoint rm --image` of a middle one, and `checkpoint prune
+// --orphaned` of another's directory, leave the others restorable; the last one exported as a
+// checkpoint image restores from it. With
 // CKLITE_PAGES_DEDUP=off the shim keeps full dumps: the same test then measures the baseline;
 // CKLITE_PAGES_ROUNDS=N measures rollback latency, full dump against chain.
 func TestPagesDedup(t *testing.T) {
@@ -235,6 +236,25 @@ func TestPagesDedup(t *testing.T) {
 		for _, i := range []int{3, 1, 4} {
 			cklite(t, e.d, "rollback", c.ID(), cks[i].id)
 			p.expect(t, fmt.Sprintf("rolled back to checkpoint %d after removing 3", i+1), cks[i].state)
+		}
+	})
+
+	t.Run("prune of an unlisted parent", func(t *testing.T) {
+		// rm without --image leaves checkpoint 2's directory, which checkpoint 4 reads from;
+		// prune --orphaned removes it, detaching checkpoint 4 first.
+		cklite(t, e.d, "checkpoint", "rm", cks[1].id)
+		cklite(t, e.d, "checkpoint", "prune", "--orphaned")
+		if _, err := os.Stat(cks[1].dir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("prune --orphaned left checkpoint 2's directory: %v", err)
+		}
+		if dedup {
+			if parent, err := filepath.EvalSymlinks(filepath.Join(cks[3].dir, criuimage.ParentLink)); err != nil || parent != cks[0].dir {
+				t.Fatalf("checkpoint 4's parent after pruning 2: %q (%v), want checkpoint 1's directory", parent, err)
+			}
+		}
+		for _, i := range []int{3, 4, 0} {
+			cklite(t, e.d, "rollback", c.ID(), cks[i].id)
+			p.expect(t, fmt.Sprintf("rolled back to checkpoint %d after pruning 2", i+1), cks[i].state)
 		}
 	})
 
