@@ -40,6 +40,11 @@ func Remove(dir string) ([]string, error) {
 			return nil, fmt.Errorf("detach image directory %s from %s: %w", c, dir, err)
 		}
 	}
+	// A restore reading dir (shared) finishes before it goes.
+	if f, err = lockDir(dir, unix.LOCK_EX); err != nil {
+		return nil, err
+	}
+	defer f.Close()
 	return children, os.RemoveAll(dir)
 }
 
