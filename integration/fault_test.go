@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/integration/workload"
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/fault"
 )
@@ -132,6 +133,11 @@ type faultOutcome struct {
 func (e *faultEnv) round(t *testing.T, fc faultCase, id string, rng *rand.Rand) faultOutcome {
 	t.Helper()
 	c, task, cnt := e.startCounter(t, id)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("processes in %s: %s", cnt.Rootfs, processesIn(cnt.Rootfs))
+		}
+	})
 	tag := "fault-" + id
 	_, metaA, atA := e.markedCheckpoint(t, task, cnt, tag)
 	before := cnt.advance(t, 1+rng.IntN(4))
@@ -158,6 +164,7 @@ func (e *faultEnv) round(t *testing.T, fc faultCase, id string, rng *rand.Rand) 
 
 	// Every checkpoint listed restores and verifies.
 	for _, r := range e.recordsOf(t, id) {
+		t.Logf("verifying checkpoint %s of %s", r.ID, id)
 		e.rollback(t, c, r.ImagePath)
 		switch r.ID {
 		case metaA.ID:
@@ -197,11 +204,24 @@ func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, tas
 	}
 	err := <-done
 	e.arm(t, "")
-	if e.d.SnapshotterExited() {
+	var wait time.Duration // a fault of the shim or containerd must not kill the snapshotter
+	if fc.point == fault.SnapshotterCommit {
+		wait = time.Minute
+	}
+	switch exited := e.d.SnapshotterExited(wait); {
+	case exited:
 		if err := e.d.StartSnapshotter(); err != nil {
 			t.Fatalf("restarting the snapshotter: %v", err)
 		}
-	} else if fc.point == fault.SnapshotterCommit {
+		// containerd's proxy redials the new snapshotter after its connection's backoff.
+		eventually(t, "containerd to reach the restarted snapshotter", func() error {
+			_, err := e.sn.Stat(e.ctx, c.ID()+"-unknown")
+			if errdefs.IsNotFound(err) {
+				return nil
+			}
+			return err
+		})
+	case wait > 0:
 		t.Fatalf("the snapshotter did not reach %s during the %s (%v)", fc.point, fc.op, err)
 	}
 	return err
@@ -268,11 +288,15 @@ func (e *faultEnv) runningOrRestart(t *testing.T, c client.Container, cnt counte
 		return fmt.Errorf("task is %s", st.Status)
 	})
 	if running {
+		t.Logf("after %q the task runs", what)
 		cnt.advance(t, 1)
 		return true
 	}
 	e.deleteDeadTask(t, c)
+	// The rootfs holds what the dead task, or the checkpoint a switch stacked it on, wrote last:
+	// a count above 0 (the rounds advance it before the fault). The new task writes 0 first.
 	task := e.startAgain(t, c)
+	cnt.waitFor(t, "the new task's first count", func(x workload.Count) bool { return x.N == 0 })
 	x := cnt.advance(t, 2)
 	t.Logf("after %q the task had stopped; a new one (pid %d) counts: %+v", what, task.Pid(), x)
 	return false
@@ -430,4 +454,17 @@ func (ft *faultTable) String() string {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d |\n", n, r.rounds, r.opFailed, r.running, r.restarted, r.listed, r.madeListed)
 	}
 	return b.String()
+}
+
+// processesIn lists the processes whose root directory is rootfs, for failure messages.
+func processesIn(rootfs string) string {
+	var found []string
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if root, err := os.Readlink("/proc/" + p.Name() + "/root"); err == nil && root == rootfs {
+			cmd, _ := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+			found = append(found, p.Name()+" "+strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	return strings.Join(found, "; ")
 }
