@@ -99,19 +99,25 @@ func newFaultEnv(t *testing.T, timeout time.Duration) *faultEnv {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, harness.Config{CkliteSnapshotter: true, FaultFile: file})
-	img := unpackBusybox(t, d)
+	unpackBusybox(t, d)
 	ctx, cancel := context.WithTimeout(d.Context(context.Background()), timeout)
 	t.Cleanup(cancel)
-	e := &faultEnv{ckEnv: &ckEnv{d: d, img: img, ctx: ctx}, file: file}
-	e.reconnect()
+	e := &faultEnv{ckEnv: &ckEnv{d: d, ctx: ctx}, file: file}
+	e.reconnect(t)
 	return e
 }
 
-// reconnect takes the snapshotter and lease services of the daemon's current client: a crash of
-// containerd closes the old one.
-func (e *faultEnv) reconnect() {
+// reconnect takes the snapshotter and lease services and the image of the daemon's current
+// client: a crash of containerd closes the old one.
+func (e *faultEnv) reconnect(t *testing.T) {
+	t.Helper()
 	e.sn = e.d.Client().SnapshotService(ckliteSnapshotter)
 	e.lm = e.d.Client().LeasesService()
+	img, err := e.d.Client().GetImage(e.ctx, busybox.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.img = img
 }
 
 func (e *faultEnv) arm(t *testing.T, spec string) {
@@ -213,9 +219,13 @@ func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, tas
 		if err := e.d.StartSnapshotter(); err != nil {
 			t.Fatalf("restarting the snapshotter: %v", err)
 		}
-		// containerd's proxy redials the new snapshotter after its connection's backoff.
+		// containerd's proxy redials the new snapshotter after its connection's backoff. A Stat
+		// of a key containerd knows reaches the snapshotter (a lost key is the caller's finding).
 		eventually(t, "containerd to reach the restarted snapshotter", func() error {
-			_, err := e.sn.Stat(e.ctx, c.ID()+"-unknown")
+			info, err := c.Info(e.ctx)
+			if err == nil {
+				_, err = e.sn.Stat(e.ctx, info.SnapshotKey)
+			}
 			if errdefs.IsNotFound(err) {
 				return nil
 			}
@@ -254,7 +264,7 @@ func (e *faultEnv) crashWhileHeld(t *testing.T, done chan error) {
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the shim did not reach the held point within 2 minutes")
 	}
-	e.reconnect()
+	e.reconnect(t)
 }
 
 // runningOrRestart checks the container's task: running and counting, or gone or stopped, when
