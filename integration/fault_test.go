@@ -358,20 +358,26 @@ func (e *faultEnv) removeAndExpectNothingLeft(t *testing.T, c client.Container) 
 	}
 	e.expireLeasesOf(t, c.ID())
 	e.collectGarbage(t)
-	var left []string
+	if left := e.rootfsSnapshots(t, c.ID()); len(left) > 0 {
+		t.Fatalf("snapshots of the removed container %s left: %v", c.ID(), left)
+	}
+	expectNoLeftovers(t, e.d, c.ID(), "")
+}
+
+// rootfsSnapshots lists the rootfs snapshots of container id (ownSnapshot) in cklite.
+func (e *ckEnv) rootfsSnapshots(t *testing.T, id string) []string {
+	t.Helper()
+	var keys []string
 	err := e.sn.Walk(e.ctx, func(_ context.Context, info snapshots.Info) error {
-		if ownSnapshot(c.ID(), info.Name) {
-			left = append(left, info.Name)
+		if ownSnapshot(id, info.Name) {
+			keys = append(keys, info.Name)
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(left) > 0 {
-		t.Fatalf("snapshots of the removed container %s left: %v", c.ID(), left)
-	}
-	expectNoLeftovers(t, e.d, c.ID(), "")
+	return keys
 }
 
 // ownSnapshot reports whether snapshot key is a rootfs of container id: its first key or one a

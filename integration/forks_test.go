@@ -149,6 +149,10 @@ func testForks(t *testing.T, n int) {
 		if len(dirs)+len(names) > 0 {
 			t.Fatalf("after nerdctl rm %s: %v left", name, append(dirs, names...))
 		}
+		// Forks and rollbacks switched its rootfs to fresh keys (freeze.Switch): rm finds them.
+		if keys := e.rootfsSnapshots(t, ids[i]); len(keys) > 0 {
+			t.Fatalf("after nerdctl rm %s: its rootfs snapshots %v left", name, keys)
+		}
 	}
 }
 
