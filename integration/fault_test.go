@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -45,7 +44,7 @@ import (
 type faultCase struct {
 	name  string
 	point string // armed in the fault file
-	op    string // "checkpoint" (leave-running, Go client) or "rollback" (cklite rollback, in place)
+	op    string // "checkpoint" (leave-running, Go client), "rollback" (cklite rollback, in place) or "fork" (cklite fork)
 	// crashContainerd: the point holds the shim and the test kills containerd meanwhile.
 	crashContainerd bool
 }
@@ -57,6 +56,7 @@ var faultCases = []faultCase{
 	{name: "snapshotter mid-commit", point: fault.SnapshotterCommit, op: "checkpoint"},
 	{name: "containerd during checkpoint", point: fault.ShimAfterDump + ":hold", op: "checkpoint", crashContainerd: true},
 	{name: "containerd during rollback", point: fault.SwitchPrepared + ":hold", op: "rollback", crashContainerd: true},
+	{name: "fork's shim between switch update and remove", point: fault.SwitchUpdated, op: "fork"},
 }
 
 // faultEnv is a checkpoint environment whose daemon honours a fault file.
@@ -185,12 +185,15 @@ func (e *faultEnv) round(t *testing.T, fc faultCase, id string, rng *rand.Rand) 
 		out.listed++
 	}
 	e.expectNoCRIU(t)
+	if fc.op == "fork" {
+		e.removeFork(t, id+"-f-1")
+	}
 	e.removeAndExpectNothingLeft(t, c)
 	return out
 }
 
-// interrupt runs fc's operation on c with fc's fault armed: a checkpoint of task into dirB, or a
-// rollback to checkpoint target. It restarts what the fault killed and returns the operation's
+// interrupt runs fc's operation on c with fc's fault armed: a checkpoint of task into dirB, a
+// rollback to checkpoint target, or a fork of it. It restarts what the fault killed and returns the operation's
 // error.
 func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, task client.Task, target, dirB string) error {
 	t.Helper()
@@ -200,6 +203,9 @@ func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, tas
 		switch fc.op {
 		case "checkpoint":
 			done <- e.checkpointErr(task, dirB, nil)
+		case "fork":
+			_, err := e.d.Cklite(e.ctx, "fork", "-n", "1", "--prefix", c.ID()+"-f", target)
+			done <- err
 		default:
 			_, err := e.d.Cklite(e.ctx, "rollback", c.ID(), target)
 			done <- err
@@ -347,62 +353,82 @@ func (e *faultEnv) expectNoCRIU(t *testing.T) {
 	})
 }
 
-// removeAndExpectNothingLeft deletes c with its snapshot, as nerdctl rm does, expires the leases
-// of switches that died before they updated the container, and checks that no snapshot, mount or
-// shim of c is left.
+// removeFork removes the fork named name if the failed fork left it (cklite fork removes a fork
+// that failed), as nerdctl rm would; a fork left running must run.
+func (e *faultEnv) removeFork(t *testing.T, name string) {
+	t.Helper()
+	forks, err := e.d.Client().Containers(e.ctx, fmt.Sprintf("labels.%q==%s", "nerdctl/name", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range forks {
+		t.Logf("the interrupted fork left container %s (%s): removing it", f.ID(), name)
+		e.deleteTask(t, f)
+		if err := f.Delete(e.ctx, client.WithSnapshotCleanup); err != nil {
+			t.Fatalf("removing fork %s: %v", f.ID(), err)
+		}
+	}
+}
+
+// removeAndExpectNothingLeft deletes c with its snapshot, as nerdctl rm does, and checks that no
+// mount or shim of it is left, and, once the leases of dead switches are expired, no rootfs
+// snapshot that no container refers to.
 func (e *faultEnv) removeAndExpectNothingLeft(t *testing.T, c client.Container) {
 	t.Helper()
 	e.deleteTask(t, c)
 	if err := c.Delete(e.ctx, client.WithSnapshotCleanup); err != nil {
 		t.Fatalf("removing %s: %v", c.ID(), err)
 	}
-	e.expireLeasesOf(t, c.ID())
-	e.collectGarbage(t)
-	if left := e.rootfsSnapshots(t, c.ID()); len(left) > 0 {
-		t.Fatalf("snapshots of the removed container %s left: %v", c.ID(), left)
-	}
 	expectNoLeftovers(t, e.d, c.ID(), "")
+	e.expireWorkLeases(t)
+	e.collectGarbage(t)
+	if stray := e.strayRootfs(t); len(stray) > 0 {
+		t.Fatalf("after removing %s, active snapshots no container refers to: %v", c.ID(), stray)
+	}
 }
 
-// rootfsSnapshots lists the rootfs snapshots of container id (ownSnapshot) in cklite.
-func (e *ckEnv) rootfsSnapshots(t *testing.T, id string) []string {
+// strayRootfs lists the active snapshots in cklite that no container's record names.
+func (e *faultEnv) strayRootfs(t *testing.T) []string {
 	t.Helper()
-	var keys []string
-	err := e.sn.Walk(e.ctx, func(_ context.Context, info snapshots.Info) error {
-		if ownSnapshot(id, info.Name) {
-			keys = append(keys, info.Name)
+	ctrs, err := e.d.Client().Containers(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, c := range ctrs {
+		info, err := c.Info(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used[info.SnapshotKey] = true
+	}
+	var stray []string
+	err = e.sn.Walk(e.ctx, func(_ context.Context, info snapshots.Info) error {
+		if info.Kind == snapshots.KindActive && !used[info.Name] {
+			stray = append(stray, info.Name)
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return keys
+	return stray
 }
 
-// ownSnapshot reports whether snapshot key is a rootfs of container id: its first key or one a
-// switch made ("<id>-<8 hex>").
-func ownSnapshot(id, key string) bool {
-	return key == id || strings.HasPrefix(key, id+"-") && len(key) == len(id)+9
-}
-
-// expireLeasesOf deletes the leases that hold a rootfs snapshot of container id, as their expiry
-// would: a switch that died before it updated the container leaves its fresh key to its lease.
-func (e *faultEnv) expireLeasesOf(t *testing.T, id string) {
+// expireWorkLeases deletes every lease but the checkpoints', as their expiry would: a switch
+// that died before it updated its container leaves the fresh key to its lease.
+func (e *faultEnv) expireWorkLeases(t *testing.T) {
 	t.Helper()
 	all, err := e.lm.List(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range all {
-		res, err := e.lm.ListResources(e.ctx, l)
-		if err != nil {
-			t.Fatal(err)
+		if _, ok := l.Labels[checkpoint.LabelID]; ok {
+			continue
 		}
-		if slices.ContainsFunc(res, func(r leases.Resource) bool { return ownSnapshot(id, r.ID) }) {
-			if err := e.lm.Delete(e.ctx, l); err != nil && !errdefs.IsNotFound(err) {
-				t.Fatal(err)
-			}
+		if err := e.lm.Delete(e.ctx, l); err != nil && !errdefs.IsNotFound(err) {
+			t.Fatal(err)
 		}
 	}
 }
