@@ -295,7 +295,13 @@ func serveUnix(t *testing.T, path string) <-chan net.Conn {
 // the exec'd process is gone the checkpoint is taken.
 func TestCheckpointRefusedWhileExecRuns(t *testing.T) {
 	e := newCkEnv(t)
-	_, task, cnt := e.startCounter(t, "execs")
+	// Its execs run outside the init's process tree, as execs with a terminal do.
+	c := e.newContainer(t, "execs", e.img, counterSpec, oci.WithAnnotations(map[string]string{"cklite.io/exec-in-tree": "false"}))
+	task, err := startTask(e.ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnt := newCounter(e.d.RootfsPath("execs"))
 	p := e.newExec(t, task, cio.NullIO, "sleep", "1000")
 	if err := p.Start(e.ctx); err != nil {
 		t.Fatal(err)

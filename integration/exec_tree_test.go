@@ -1,0 +1,158 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	client "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+)
+
+// TestExecDetachedSurvivesCheckpoint: processes started with exec (as `ctr tasks exec -d` and
+// `nerdctl exec -d` start them: no terminal) are part of the checkpoint. A leave-running
+// checkpoint keeps them running with the same pid and memory (a token drawn at start) and their
+// output reaching the client; after a rollback in place and in each of two forks the ones that
+// ran at the checkpoint are back, with their state at the checkpoint.
+func TestExecDetachedSurvivesCheckpoint(t *testing.T) {
+	e := newCkEnv(t)
+	c, task, cnt := e.startCounter(t, "exectree")
+	// "out" answers probes and echoes each nonce to its stdout; "quiet" has no stdio.
+	var out lockedBuffer
+	outScript := strings.Replace(probeScript("out"), `rm -f /tmp/probe-out.req`, `rm -f /tmp/probe-out.req; echo "seen $n"`, 1)
+	pOut := e.newExec(t, task, cio.NewCreator(cio.WithStreams(nil, &out, &out)), "sh", "-c", outScript)
+	pQuiet := e.newExec(t, task, cio.NullIO, "sh", "-c", probeScript("quiet"))
+	for _, p := range []client.Process{pOut, pQuiet} {
+		if err := p.Start(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outExited, err := pOut.Wait(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]string{"out": probe(t, cnt.Rootfs, "out"), "quiet": probe(t, cnt.Rootfs, "quiet")}
+	hostPid := pOut.Pid()
+
+	dir := checkpointDir(t, e.d, "exectree")
+	created := cklite(t, e.d, "checkpoint", "create", "--image-path", dir, c.ID())
+	m := createdID.FindStringSubmatch(created)
+	if m == nil {
+		t.Fatalf("cklite checkpoint create printed %q", created)
+	}
+	for name, want := range before {
+		if got := probe(t, cnt.Rootfs, name); got != want {
+			t.Fatalf("exec'd %s after the leave-running checkpoint: %q, want %q (same pid and token)", name, got, want)
+		}
+	}
+	for _, p := range []client.Process{pOut, pQuiet} {
+		if st, err := p.Status(e.ctx); err != nil || st.Status != client.Running {
+			t.Fatalf("exec %s after the checkpoint: %+v %v, want running", p.ID(), st, err)
+		}
+	}
+	nonce := probeNonce(t, cnt.Rootfs, "out")
+	eventually(t, "the exec's output after the checkpoint", func() error {
+		if !strings.Contains(out.String(), "seen "+nonce) {
+			return fmt.Errorf("output so far: %q", out.String())
+		}
+		return nil
+	})
+	t.Logf("exec %s: host pid %d before the checkpoint, %d after", pOut.ID(), hostPid, e.execPid(t, task, pOut.ID()))
+
+	// Mutate: the exec'd "out" is killed (its exit is exact), the files change.
+	if err := pOut.Kill(e.ctx, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if st := <-outExited; st.ExitCode() != 137 {
+		t.Fatalf("killed exec exited %d, want 137", st.ExitCode())
+	}
+	if err := os.WriteFile(filepath.Join(cnt.Rootfs, "after"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	cklite(t, e.d, "rollback", c.ID(), m[1])
+	if got := probe(t, cnt.Rootfs, "quiet"); got != before["quiet"] {
+		t.Fatalf("exec'd quiet after the rollback: %q, want %q", got, before["quiet"])
+	}
+	if _, err := os.Stat(filepath.Join(cnt.Rootfs, "after")); !os.IsNotExist(err) {
+		t.Fatalf("a file written after the checkpoint survived the rollback: %v", err)
+	}
+
+	forked := cklite(t, e.d, "fork", "-n", "2", m[1][:8])
+	var names []string
+	for _, l := range strings.Split(forked, "\n") {
+		if sub := forkLineRE.FindStringSubmatch(l); sub != nil {
+			names = append(names, sub[1])
+		}
+	}
+	ids := forkIDsByName(t, e, names)
+	if len(ids) != 2 {
+		t.Fatalf("cklite fork -n 2 printed %q", forked)
+	}
+	for _, id := range ids {
+		if got := probe(t, e.d.RootfsPath(id), "quiet"); got != before["quiet"] {
+			t.Fatalf("exec'd quiet in fork %s: %q, want %q", id, got, before["quiet"])
+		}
+	}
+}
+
+// probeNonce asks workload name for a probe and returns the nonce it answered.
+func probeNonce(t *testing.T, rootfs, name string) string {
+	t.Helper()
+	probe(t, rootfs, name)
+	data, err := os.ReadFile(filepath.Join(rootfs, "tmp", "probe-"+name+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce, _, _ := strings.Cut(string(data), " ")
+	return nonce
+}
+
+// execPid is the pid the task lists for exec id.
+func (e *ckEnv) execPid(t *testing.T, task client.Task, id string) int {
+	t.Helper()
+	procs, err := task.Pids(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		if p.Info != nil && strings.Contains(string(p.Info.GetValue()), id) {
+			return int(p.Pid)
+		}
+	}
+	return 0
+}
+
+// TestExecTreeExitCodes: execs in the process tree report their exit codes exactly.
+func TestExecTreeExitCodes(t *testing.T) {
+	e := newCkEnv(t)
+	_, task, _ := e.startCounter(t, "execcodes")
+	for _, tc := range []struct {
+		script string
+		want   uint32
+	}{
+		{"exit 0", 0}, {"exit 1", 1}, {"exit 255", 255}, {"kill -9 $$", 137},
+	} {
+		p := e.newExec(t, task, cio.NullIO, "sh", "-c", tc.script)
+		exited, err := p.Wait(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Start(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st := <-exited; st.ExitCode() != tc.want {
+			t.Fatalf("exec %q exited %d, want %d", tc.script, st.ExitCode(), tc.want)
+		}
+		if _, err := p.Delete(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := e.newExec(t, task, cio.NullIO, "no-such-program")
+	if err := p.Start(e.ctx); err == nil || !strings.Contains(err.Error(), "no-such-program") {
+		t.Fatalf("exec of a missing program started: %v", err)
+	}
+}
