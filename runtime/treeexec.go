@@ -2,74 +2,31 @@ package runtime
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
+
+	"github.com/cklite/cklite/pkg/exechelper"
 )
 
 // Execs in the container's process tree.
 //
 // libcontainer starts an exec as a child of the shim, outside the init's process tree, which is
-// all that CRIU dumps. ExecInTree starts it through a short-lived intermediate instead: the shim's
-// own binary, run by libcontainer inside the container (namespaces, cgroup, credentials, seccomp,
-// cwd and environment of the exec) as "/proc/self/fd/3 cklite-exec-helper ARGS...", forks ARGS
-// and exits. The kernel hands an orphan to the nearest child subreaper in its own PID namespace,
-// else to that namespace's init: the exec'd process becomes a child of the container's PID 1
-// and is dumped, restored and killed with the init's tree.
+// all that CRIU dumps. ExecInTree starts it through a short-lived intermediate instead
+// (pkg/exechelper, run by libcontainer inside the container with the exec's namespaces, cgroup,
+// credentials, seccomp filter, cwd and environment as "/proc/self/fd/3 ARGS..."), which forks
+// ARGS and exits. The kernel hands an orphan to the nearest child subreaper in its own PID
+// namespace, else to that namespace's init: the exec'd process becomes a child of the
+// container's PID 1 and is dumped, restored and killed with the init's tree.
 //
 // The shim is then no longer its parent: it holds a pidfd of it (taken while the intermediate,
 // which does not reap, still pins its pid) and reads its exit status from the pidfd once it
 // is reaped (PIDFD_INFO_EXIT, kernel >= 6.15) or from /proc/PID/stat while it is a zombie
-// (TreeExitStatus). The intermediate's fds: 3 its binary, 4 its report to the shim ("ok" or
-// the error that kept ARGS from starting), 5 the shim's go-ahead to exit (EOF).
-const execHelperArg = "cklite-exec-helper"
-
-const (
-	helperBinaryFd = 3
-	helperReportFd = 4
-	helperGoFd     = 5
-)
-
-// IsExecHelper reports whether this process was started as ExecInTree's intermediate.
-func IsExecHelper() bool {
-	return len(os.Args) > 2 && os.Args[1] == execHelperArg
-}
-
-// RunExecHelper is the intermediate's whole life; it does not return.
-func RunExecHelper() {
-	for _, fd := range []int{helperBinaryFd, helperReportFd, helperGoFd} {
-		syscall.CloseOnExec(fd)
-	}
-	report := os.NewFile(helperReportFd, "report")
-	pid, err := forkArgs(os.Args[2:])
-	if err != nil {
-		fmt.Fprintf(report, "error: %v\n", err)
-		os.Exit(127)
-	}
-	fmt.Fprintf(report, "ok %d\n", pid)
-	report.Close()
-	// Exit only once the shim has a pidfd of the child: until then the child, even exited, is
-	// this process's unreaped child and its pid cannot be reused.
-	buf := make([]byte, 1)
-	_, _ = os.NewFile(helperGoFd, "go").Read(buf)
-	os.Exit(0)
-}
-
-// forkArgs starts args with this process's stdio, credentials, cwd and environment.
-func forkArgs(args []string) (int, error) {
-	path, err := exec.LookPath(args[0])
-	if err != nil {
-		return 0, err
-	}
-	return syscall.ForkExec(path, args, &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{0, 1, 2}})
-}
+// (TreeExitStatus).
 
 // TreeProcess is an exec'd process in the container's process tree.
 type TreeProcess struct {
@@ -81,11 +38,15 @@ type TreeProcess struct {
 
 // ExecInTree runs p in the container as a child of its init (see above). p's stdio must be set.
 func (c *Container) ExecInTree(p *libcontainer.Process) (*TreeProcess, error) {
-	self, err := os.Open("/proc/self/exe")
+	helper, err := exechelper.Path()
 	if err != nil {
-		return nil, fmt.Errorf("exec process: the shim's binary: %w", err)
+		return nil, fmt.Errorf("exec process: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
-	defer self.Close()
+	bin, err := os.Open(helper)
+	if err != nil {
+		return nil, fmt.Errorf("exec process: %w", err)
+	}
+	defer bin.Close()
 	reportR, reportW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("exec process: %w", err)
@@ -97,8 +58,8 @@ func (c *Container) ExecInTree(p *libcontainer.Process) (*TreeProcess, error) {
 		return nil, fmt.Errorf("exec process: %w", err)
 	}
 	defer goW.Close()
-	p.Args = append([]string{fmt.Sprintf("/proc/self/fd/%d", helperBinaryFd), execHelperArg}, p.Args...)
-	p.ExtraFiles = []*os.File{self, reportW, goR}
+	p.Args = append([]string{fmt.Sprintf("/proc/self/fd/%d", exechelper.BinaryFd)}, p.Args...)
+	p.ExtraFiles = []*os.File{bin, reportW, goR} // exechelper's fds
 	err = c.Exec(p)
 	reportW.Close()
 	goR.Close()
@@ -197,6 +158,3 @@ func FindTreeProcess(pids []int, nspid int) (*TreeProcess, error) {
 	}
 	return nil, fmt.Errorf("no process with pid %d in the container: %w", nspid, errdefs.ErrNotFound)
 }
-
-// errNoNSPid is returned for a process gone, or a kernel without NSpid.
-var errNoNSPid = errors.New("no NSpid line")

@@ -77,6 +77,9 @@ func parseStatExit(stat string) (string, int, error) {
 	return fields[0], code, nil
 }
 
+// errNoNSPid is returned for a kernel without NSpid.
+var errNoNSPid = errors.New("no NSpid line")
+
 // nsPid is pid's pid in its innermost PID namespace (the last field of NSpid).
 func nsPid(pid int) (int, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

@@ -30,10 +30,6 @@ func init() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	// Run by the shim inside a container as an exec's intermediate (runtime/treeexec.go).
-	if runtime.IsExecHelper() {
-		runtime.RunExecHelper()
-	}
 	// The container init must not run the shim's setup: it is libcontainer's, from here on.
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init()
