@@ -12,11 +12,11 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 )
 
-// TestExecDetachedSurvivesCheckpoint: processes started with exec (as `ctr tasks exec -d` and
-// `nerdctl exec -d` start them: no terminal) are part of the checkpoint. A leave-running
-// checkpoint keeps them running with the same pid and memory (a token drawn at start) and their
-// output reaching the client; after a rollback in place and in each of two forks the ones that
-// ran at the checkpoint are back, with their state at the checkpoint.
+// TestExecDetachedSurvivesCheckpoint: processes started with exec without a terminal (the Go
+// client's task.Exec, `nerdctl exec -d`) are part of the checkpoint. A leave-running checkpoint
+// keeps them running with the same pid and memory (a token drawn at start) and their output
+// reaching the client; after a rollback in place and in each of two forks the ones that ran at
+// the checkpoint are back with their state at the checkpoint, writing to their stdout still.
 func TestExecDetachedSurvivesCheckpoint(t *testing.T) {
 	e := newCkEnv(t)
 	c, task, cnt := e.startCounter(t, "exectree")
@@ -34,7 +34,11 @@ func TestExecDetachedSurvivesCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := map[string]string{"out": probe(t, cnt.Rootfs, "out"), "quiet": probe(t, cnt.Rootfs, "quiet")}
+	nerdctl(t, e.d, "exec", "-d", c.ID(), "sh", "-c", probeScript("nerd"))
+	before := map[string]string{}
+	for _, name := range []string{"out", "quiet", "nerd"} {
+		before[name] = probe(t, cnt.Rootfs, name)
+	}
 	hostPid := pOut.Pid()
 
 	dir := checkpointDir(t, e.d, "exectree")
@@ -74,8 +78,10 @@ func TestExecDetachedSurvivesCheckpoint(t *testing.T) {
 	}
 
 	cklite(t, e.d, "rollback", c.ID(), m[1])
-	if got := probe(t, cnt.Rootfs, "quiet"); got != before["quiet"] {
-		t.Fatalf("exec'd quiet after the rollback: %q, want %q", got, before["quiet"])
+	for name, want := range before {
+		if got := probe(t, cnt.Rootfs, name); got != want {
+			t.Fatalf("exec'd %s after the rollback: %q, want %q", name, got, want)
+		}
 	}
 	if _, err := os.Stat(filepath.Join(cnt.Rootfs, "after")); !os.IsNotExist(err) {
 		t.Fatalf("a file written after the checkpoint survived the rollback: %v", err)
@@ -93,8 +99,10 @@ func TestExecDetachedSurvivesCheckpoint(t *testing.T) {
 		t.Fatalf("cklite fork -n 2 printed %q", forked)
 	}
 	for _, id := range ids {
-		if got := probe(t, e.d.RootfsPath(id), "quiet"); got != before["quiet"] {
-			t.Fatalf("exec'd quiet in fork %s: %q, want %q", id, got, before["quiet"])
+		for name, want := range before {
+			if got := probe(t, e.d.RootfsPath(id), name); got != want {
+				t.Fatalf("exec'd %s in fork %s: %q, want %q", name, id, got, want)
+			}
 		}
 	}
 }

@@ -138,7 +138,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			c.id, checkpoint.ContentsKey, checkpoint.MemoryOnly, errdefs.ErrFailedPrecondition)
 	}
 	if contents.HasMemory() {
-		if err := c.captureExecs(); err != nil {
+		if err := c.captureExecs(ck.path); err != nil {
 			return err
 		}
 		meta.Dump.ExternalNetNS = c.engine().HasNetNS()

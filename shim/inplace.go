@@ -56,9 +56,7 @@ type inPlaceResult struct {
 // exited meanwhile, which is then published).
 func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	c := ip.c
-	// A checkpoint restores the very processes it dumped, execs included; a rollback kills
-	// them (their exits are published) and brings back the checkpoint's.
-	held, err := holdTask(c, ip.dump.ExternalNetNS, ip.what == "checkpoint")
+	held, err := holdTask(c, ip.dump.ExternalNetNS, ip.holdExecs)
 	if err != nil {
 		return inPlaceResult{}, err
 	}
@@ -232,25 +230,21 @@ type taskHold struct {
 	execs *treeHold
 }
 
-func holdTask(c *container, netns, execs bool) (*taskHold, error) {
+func holdTask(c *container, netns bool, execs func() (*treeHold, error)) (*taskHold, error) {
 	stdio, err := holdStdio(c.init, c.engine())
 	if err != nil {
 		return nil, err
 	}
-	h := &taskHold{stdio: stdio, execs: &treeHold{release: func() {}}}
+	h := &taskHold{stdio: stdio}
 	if netns {
 		if h.netns, err = runtime.OpenNetNS(c.init.getPid()); err != nil {
 			h.Close()
 			return nil, err
 		}
 	}
-	if execs {
-		pids, _ := c.engine().Pids()
-		if h.execs, err = holdTreeExecs(c, pids); err != nil {
-			h.execs = &treeHold{release: func() {}}
-			h.Close()
-			return nil, err
-		}
+	if h.execs, err = execs(); err != nil {
+		h.Close()
+		return nil, err
 	}
 	return h, nil
 }

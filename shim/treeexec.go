@@ -105,7 +105,16 @@ func signalTree(tp *runtime.TreeProcess, sig unix.Signal) error {
 // captureExecs refuses a dump while processes started with exec run outside the init's process
 // tree (with a terminal, or in a container that opted out): CRIU would leave them out and, with
 // the init's PID namespace gone, kill them. Execs in the tree are dumped with the init.
-func (c *container) captureExecs() error {
+func (c *container) captureExecs(dir string) error {
+	if ids := c.execsOutsideTree(); len(ids) > 0 {
+		return fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: with a terminal, or %s=false): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
+			c.id, len(ids), strings.Join(ids, ", "), execTreeAnnotation, errdefs.ErrFailedPrecondition)
+	}
+	return writeExecStdio(c, dir)
+}
+
+// execsOutsideTree are the ids of c's running execs that are the shim's children.
+func (c *container) execsOutsideTree() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var ids []string
@@ -114,12 +123,8 @@ func (c *container) captureExecs() error {
 			ids = append(ids, id)
 		}
 	}
-	if len(ids) == 0 {
-		return nil
-	}
 	sort.Strings(ids)
-	return fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: with a terminal, or %s=false): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
-		c.id, len(ids), strings.Join(ids, ", "), execTreeAnnotation, errdefs.ErrFailedPrecondition)
+	return ids
 }
 
 // treeHold carries the execs in the tree through an in-place checkpoint: their exits are handed
@@ -127,34 +132,24 @@ func (c *container) captureExecs() error {
 // each is found again by its pid in the container and watched anew.
 type treeHold struct {
 	execs   []*heldExec
-	options []string // CRIU's inherit-fd lines
+	files   []*os.File // the pipes passed to CRIU
+	options []string   // CRIU's inherit-fd lines for them
 	release func()
 }
 
 type heldExec struct {
-	p     *process
-	tp    *runtime.TreeProcess
-	pipes []*os.File
+	p  *process
+	tp *runtime.TreeProcess
 }
 
 // holdTreeExecs prepares the running execs of c's tree for a dump; pids are the container's.
 func holdTreeExecs(c *container, pids []int) (*treeHold, error) {
 	h := &treeHold{release: func() {}}
 	pipes := map[string]*os.File{}
-	c.mu.Lock()
-	procs := make([]*process, 0, len(c.execs))
-	for _, p := range c.execs {
-		procs = append(procs, p)
-	}
-	c.mu.Unlock()
-	for _, p := range procs {
-		tp := p.treeProcess()
-		if tp == nil || p.status() != statusRunning {
-			continue
-		}
-		he := &heldExec{p: p, tp: tp}
+	for _, p := range c.treeExecs() {
+		he := &heldExec{p: p, tp: p.treeProcess()}
 		h.execs = append(h.execs, he)
-		if err := he.holdPipes(pipes, pids); err != nil {
+		if err := h.holdPipes(he, pipes, pids); err != nil {
 			h.Close()
 			return nil, err
 		}
@@ -171,7 +166,7 @@ func holdTreeExecs(c *container, pids []int) (*treeHold, error) {
 }
 
 // holdPipes opens the exec's stdio pipes through the container's processes (pids).
-func (he *heldExec) holdPipes(pipes map[string]*os.File, pids []int) error {
+func (h *treeHold) holdPipes(he *heldExec, pipes map[string]*os.File, pids []int) error {
 	for fd, flag := range []int{os.O_RDONLY, os.O_WRONLY, os.O_WRONLY} {
 		name := he.tp.Stdio[fd]
 		if !strings.HasPrefix(name, "pipe:") || pipes[name] != nil {
@@ -183,7 +178,7 @@ func (he *heldExec) holdPipes(pipes map[string]*os.File, pids []int) error {
 		}
 		if f != nil {
 			pipes[name] = f
-			he.pipes = append(he.pipes, f)
+			h.files = append(h.files, f)
 		}
 	}
 	return nil
@@ -223,10 +218,35 @@ func (h *treeHold) settle(s *service, c *container) {
 
 // Close releases the held pipes and CRIU's copies of them.
 func (h *treeHold) Close() {
+	if h == nil {
+		return
+	}
 	h.release()
-	for _, he := range h.execs {
-		for _, f := range he.pipes {
-			f.Close()
+	for _, f := range h.files {
+		f.Close()
+	}
+}
+
+// treeExecs are c's running execs in the tree.
+func (c *container) treeExecs() []*process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var procs []*process
+	for _, p := range c.execs {
+		if p.treeProcess() != nil && p.status() == statusRunning {
+			procs = append(procs, p)
 		}
 	}
+	return procs
+}
+
+// holdExecs prepares the execs of the tree for the cycle: a checkpoint restores the very
+// processes it dumps, execs included, on their own stdio; a rollback kills them (their exits are
+// published) and brings back the checkpoint's, as processes with no exec id, on stand-in stdio.
+func (ip *inPlace) holdExecs() (*treeHold, error) {
+	if ip.what != "checkpoint" {
+		return nullExecStdio(ip.restore.ImagePath)
+	}
+	pids, _ := ip.c.engine().Pids()
+	return holdTreeExecs(ip.c, pids)
 }
