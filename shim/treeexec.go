@@ -24,12 +24,14 @@ import (
 // the same client, and the process keeps its exec id and its pid in the container.
 //
 // Execs with a terminal still run as the shim's children; a checkpoint is refused while one runs
-// (captureExecs). An annotation opts a container out: its execs all run as the shim's children.
+// (captureExecs). So do the execs of a container without a PID namespace of its own (a pod's
+// shared one, the host's): an orphan there goes to the pod's or the host's reaper, never to the
+// container's init. An annotation opts a container out: its execs all run as the shim's children.
 const execTreeAnnotation = "cklite.io/exec-in-tree"
 
 // execsInTree reports whether p starts in the container's process tree.
 func (c *container) execsInTree(p *process) bool {
-	return !p.stdio.Terminal && c.spec.Annotations[execTreeAnnotation] != "false"
+	return !p.stdio.Terminal && !c.sharedPid && c.spec.Annotations[execTreeAnnotation] != "false"
 }
 
 // launchInTree starts an exec in the container's process tree with its stdio (never the
@@ -107,7 +109,7 @@ func signalTree(tp *runtime.TreeProcess, sig unix.Signal) error {
 // the init's PID namespace gone, kill them. Execs in the tree are dumped with the init.
 func (c *container) captureExecs(dir string) error {
 	if ids := c.execsOutsideTree(); len(ids) > 0 {
-		return fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: with a terminal, or %s=false): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
+		return fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: with a terminal, in a PID namespace not the container's own, or %s=false): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
 			c.id, len(ids), strings.Join(ids, ", "), execTreeAnnotation, errdefs.ErrFailedPrecondition)
 	}
 	return writeExecStdio(c, dir)
