@@ -10,6 +10,9 @@ import (
 
 	client "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+
+	"github.com/cklite/cklite/integration/workload"
 )
 
 // TestExecDetachedSurvivesCheckpoint: processes started with exec without a terminal (the Go
@@ -134,33 +137,72 @@ func (e *ckEnv) execPid(t *testing.T, task client.Task, id string) int {
 	return 0
 }
 
-// TestExecTreeExitCodes: execs in the process tree report their exit codes exactly.
+// TestExecTreeExitCodes: execs in the process tree report their exit codes exactly, under a PID
+// 1 that reaps them (a shell: the status comes from the pidfd) and one that never does (sleep:
+// from the zombie's /proc/PID/stat), run as the exec's user; a missing program fails Start
+// naming it; and a checkpoint of a tree holding those zombies is taken.
 func TestExecTreeExitCodes(t *testing.T) {
 	e := newCkEnv(t)
-	_, task, _ := e.startCounter(t, "execcodes")
-	for _, tc := range []struct {
-		script string
-		want   uint32
+	for _, init := range []struct {
+		name string
+		args []string
 	}{
-		{"exit 0", 0}, {"exit 1", 1}, {"exit 255", 255}, {"kill -9 $$", 137},
+		{"reaping", []string{"sh", "-c", workload.CounterScript}},
+		{"non-reaping", []string{"sleep", "1000000"}},
 	} {
-		p := e.newExec(t, task, cio.NullIO, "sh", "-c", tc.script)
-		exited, err := p.Wait(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Start(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if st := <-exited; st.ExitCode() != tc.want {
-			t.Fatalf("exec %q exited %d, want %d", tc.script, st.ExitCode(), tc.want)
-		}
-		if _, err := p.Delete(e.ctx); err != nil {
-			t.Fatal(err)
-		}
+		t.Run(init.name, func(t *testing.T) {
+			c := e.newContainer(t, "codes-"+init.name, e.img, oci.WithProcessArgs(init.args...))
+			task, err := startTask(e.ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tc := range []struct {
+				script string
+				uid    uint32
+				want   uint32
+			}{
+				{"exit 0", 0, 0}, {"exit 1", 0, 1}, {"exit 255", 0, 255}, {"kill -9 $$", 0, 137},
+				{`[ "$(id -u)" = 1000 ]`, 1000, 0},
+			} {
+				e.expectExecExit(t, task, tc.uid, tc.script, tc.want)
+			}
+			p := e.newExec(t, task, cio.NullIO, "no-such-program")
+			if err := p.Start(e.ctx); err == nil || !strings.Contains(err.Error(), "no-such-program") {
+				t.Fatalf("exec of a missing program started: %v", err)
+			}
+			if _, err := p.Delete(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+			cklite(t, e.d, "checkpoint", "create", c.ID())
+			e.expectExecExit(t, task, 0, "exit 3", 3)
+		})
 	}
-	p := e.newExec(t, task, cio.NullIO, "no-such-program")
-	if err := p.Start(e.ctx); err == nil || !strings.Contains(err.Error(), "no-such-program") {
-		t.Fatalf("exec of a missing program started: %v", err)
+}
+
+// expectExecExit runs script as uid in task and expects it to exit with want.
+func (e *ckEnv) expectExecExit(t *testing.T, task client.Task, uid uint32, script string, want uint32) {
+	t.Helper()
+	spec, err := task.Spec(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pspec := *spec.Process
+	pspec.Args, pspec.Terminal, pspec.User.UID = []string{"sh", "-c", script}, false, uid
+	p, err := task.Exec(e.ctx, "exec-"+randomTag(), &pspec, cio.NullIO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited, err := p.Wait(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := <-exited; st.ExitCode() != want {
+		t.Fatalf("exec %q as uid %d exited %d, want %d", script, uid, st.ExitCode(), want)
+	}
+	if _, err := p.Delete(e.ctx); err != nil {
+		t.Fatal(err)
 	}
 }
