@@ -69,6 +69,19 @@ func TestExecDetachedSurvivesCheckpoint(t *testing.T) {
 	})
 	t.Logf("exec %s: host pid %d before the checkpoint, %d after", pOut.ID(), hostPid, e.execPid(t, task, pOut.ID()))
 
+	// A memory-only checkpoint is CRIU's dump leaving the processes running: not even the host
+	// pid changes.
+	pidNow := e.execPid(t, task, pOut.ID())
+	cklite(t, e.d, "checkpoint", "create", "--memory-only", c.ID())
+	for name, want := range before {
+		if got := probe(t, cnt.Rootfs, name); got != want {
+			t.Fatalf("exec'd %s after the memory-only checkpoint: %q, want %q", name, got, want)
+		}
+	}
+	if after := e.execPid(t, task, pOut.ID()); after != pidNow {
+		t.Fatalf("exec %s: host pid %d before the memory-only checkpoint, %d after", pOut.ID(), pidNow, after)
+	}
+
 	// Mutate: the exec'd "out" is killed (its exit is exact), the files change.
 	if err := pOut.Kill(e.ctx, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
