@@ -76,7 +76,12 @@ func (c *container) restoreConfig(cfg *configs.Config) error {
 	if c.checkpoint == "" {
 		return nil
 	}
-	if opts := dumpCRIUOptions(c.dumped); len(opts) > 0 {
+	execs, err := nullExecStdio(c.checkpoint)
+	if err != nil {
+		return err
+	}
+	c.execStdio = execs
+	if opts := append(dumpCRIUOptions(c.dumped), execs.options...); len(opts) > 0 {
 		if err := runtime.WithCRIUOptions(cfg, c.criuWork(), opts...); err != nil {
 			return err
 		}
@@ -115,8 +120,11 @@ func (c *container) restoreNetNS(cfg *configs.Config) error {
 	return nil
 }
 
-// closeNetNS lets go of the restore's network namespace: the restored processes hold it.
+// closeNetNS lets go of the restore's network namespace and of the stand-ins for the stdio of
+// its exec'd processes: the restored processes hold them.
 func (c *container) closeNetNS() {
+	c.execStdio.Close()
+	c.execStdio = nil
 	if c.netns != nil {
 		c.netns.Close()
 		c.netns = nil
