@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,10 +30,10 @@ import (
 // ckliteVersion is written into every checkpoint's metadata.
 const ckliteVersion = "cklite/1"
 
-// Checkpoint the container: a CRIU dump and, in the same frozen instant, its rootfs upper frozen
+// Checkpoint the container: a CRIU dump and, in the same frozen instant, its rootfs upper captured
 // into an immutable layer (both or neither). Leaving the task running (what every client gets
-// unless it asks to exit) is dump, freeze, restore in place: the processes come back on a fresh
-// upper stacked on the frozen layer, paused again if they were.
+// unless it asks to exit) never stops it (capture.go); with Exit, or past the switch rule, it is
+// dump, freeze, restore in place (inplace.go).
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
 	c, err := s.get(r.ID)
 	if err != nil {
@@ -163,66 +164,55 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	}
 	meta.Snapshotter = rs.snapshotter
 	meta.Frozen = checkpoint.FrozenName(meta.ID)
-	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
+	switch {
+	case contents == checkpoint.FSOnly:
+		return ck.filesystemOnly(ctx, sn, rs.key, meta)
+	case ck.opts.Exit:
+		return ck.withRootfs(ctx, sn, rs.key, meta)
+	}
+	err = ck.captureRootfs(ctx, sn, rs.key, meta, ck.dumpLeavingRunning, true)
+	if !errors.Is(err, errSwitch) {
 		return err
 	}
-	if contents == checkpoint.FSOnly {
-		return ck.filesystemOnly(ctx, sn, rs.key, meta)
+	log.G(ctx).WithError(err).WithField("id", meta.ID).Info("checkpoint: switching the upper instead of capturing it")
+	if err := clearDump(ck.path); err != nil {
+		return err
 	}
 	return ck.withRootfs(ctx, sn, rs.key, meta)
 }
 
-// filesystemOnly freezes a copy of the rootfs upper without CRIU: the task is frozen in its
-// cgroup for the copy (unless the client paused it already) and runs on, on its own upper,
-// afterwards; with Exit it is killed once the copy is recorded.
-func (ck *checkpointRun) filesystemOnly(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
-	c := ck.c
-	pause := !c.engine().Paused()
-	if pause {
-		if err := c.engine().Pause(); err != nil {
-			return err
-		}
-	}
-	start := time.Now()
-	err := ck.copyRootfs(ctx, sn, key, meta)
-	copied := time.Since(start)
-	if pause {
-		if rerr := c.engine().Resume(); rerr != nil && err == nil {
-			err = fmt.Errorf("resume the task after its filesystem-only checkpoint: %w", rerr)
-		}
-	}
-	if err != nil {
-		return err
-	}
-	log.G(ctx).WithFields(log.Fields{"id": meta.ID, "copy": copied}).Info("filesystem-only checkpoint")
-	if ck.opts.Exit {
-		return c.engine().Signal(unix.SIGKILL, true)
+// dumpLeavingRunning is CRIU's dump of the frozen task, which leaves it frozen.
+func (ck *checkpointRun) dumpLeavingRunning() error {
+	if err := ck.c.engine().Checkpoint(ck.criuOpts(false)); err != nil {
+		return keepDumpLog(ck.c.bundle, ck.work, err)
 	}
 	return nil
 }
 
-// copyRootfs freezes a copy of key's upper as the checkpoint's layer and records it; a copy that
-// cannot be recorded is removed again.
-func (ck *checkpointRun) copyRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
-	if err := freeze.Copy(ctx, sn, nil, key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID}); err != nil {
+// filesystemOnly captures the rootfs without CRIU while the task is frozen (captureRootfs);
+// with Exit it is killed once the capture is recorded.
+func (ck *checkpointRun) filesystemOnly(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
+	if err := ck.captureRootfs(ctx, sn, key, meta, nil, false); err != nil {
 		return err
 	}
-	if err := ck.record(ctx, meta); err != nil {
-		if rerr := sn.Remove(context.WithoutCancel(ctx), meta.Frozen); rerr != nil {
-			log.G(ctx).WithError(rerr).WithField("frozen", meta.Frozen).Warn("remove the unrecorded copy")
-		}
-		return err
+	if ck.opts.Exit {
+		return ck.c.engine().Signal(unix.SIGKILL, true)
 	}
 	return nil
 }
 
 // withRootfs dumps the processes (CRIU kills them), freezes the unmounted rootfs, records the
 // checkpoint, then restores the processes on the new upper unless the client asked to exit: the
-// in-place cycle (inplace.go). Whatever fails, the container ends up running on an intact
+// in-place cycle (inplace.go), for a checkpoint that exits or one past the switch rule
+// (capture.go). Whatever fails, the container ends up running on an intact
 // filesystem, or, if even the restore of the dump fails, stopped with an exit containerd sees;
 // no half checkpoint is recorded.
 func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
 	c := ck.c
+	var err error
+	if meta.Parent, err = parentCheckpoint(ctx, sn, key); err != nil {
+		return err
+	}
 	ip := &inPlace{
 		s: ck.s, c: c, what: "checkpoint", sn: sn, key: key,
 		dump:    meta.Dump,
