@@ -21,7 +21,8 @@ import (
 // previous capture), the cgroup is thawed and the checkpoint recorded. No unmount, no remount,
 // no CRIU restore: the same processes run on, on the same mount, and the container's snapshot
 // key is never removed or renamed, so a crash at any step leaves the task running on its rootfs.
-// A filesystem-only checkpoint is the same without the dump.
+// A filesystem-only checkpoint is the same without the dump; one with Exit after a capture is the
+// same with a dump that kills the task.
 //
 // The switch rule: a capture costs a walk of the upper (O(entries)) and a copy of what changed
 // (O(bytes)), both while the task is frozen. Past switchEntries entries or switchBytes bytes it
@@ -65,48 +66,71 @@ func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapsho
 }
 
 // frozen dumps and captures while the task's cgroup is frozen, then thaws it unless the client
-// had paused it: whatever fails, the task runs on as it was. It returns the capture's record and
-// the layer it stacks on.
-func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (_ *capture.Record, base string, err error) {
+// had paused it, and commits the capture: whatever fails, the task runs on as it was. Only the
+// dump, the walk and the copy of what changed happen while it is frozen; the snapshot calls
+// (through containerd) come before and after. It returns the capture's record and the layer it
+// stacks on.
+func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (*capture.Record, string, error) {
+	cp, err := capture.Prepare(ctx, sn, key, meta.Frozen, ck.c.captured)
+	if err != nil {
+		return nil, "", err
+	}
+	t.mark("prepare")
+	if err := ck.whileFrozen(cp, dump, limit, t); err != nil {
+		cp.Abort(ctx, sn)
+		return nil, "", err
+	}
+	rec, err := cp.Commit(ctx, sn, map[string]string{checkpoint.LabelID: meta.ID})
+	if err != nil {
+		return nil, "", err
+	}
+	t.mark("commit")
+	return rec, cp.Base(), nil
+}
+
+// whileFrozen freezes the task's cgroup unless the client paused it, dumps it and writes the
+// capture, then thaws it again.
+func (ck *checkpointRun) whileFrozen(cp *capture.Capture, dump func() error, limit bool, t *steps) (err error) {
 	eng := ck.c.engine()
 	if !eng.Paused() {
+		start := time.Now()
 		if err := eng.Pause(); err != nil {
-			return nil, "", err
+			return err
 		}
 		t.mark("freeze")
 		defer func() {
-			if rerr := eng.Resume(); rerr != nil && err == nil {
+			// After a dump with Exit, the thaw only lets the killed processes die.
+			if rerr := eng.Resume(); rerr != nil && err == nil && !ck.opts.Exit {
 				err = fmt.Errorf("thaw the task after its checkpoint: %w", rerr)
 			}
 			t.mark("thaw")
+			t.fields["frozen"] = time.Since(start) // what the task saw of the checkpoint
 		}()
 	}
 	if dump != nil {
 		if err := dump(); err != nil {
-			return nil, "", err
+			return err
 		}
 		t.mark("dump")
-		if !eng.Paused() {
+		if !ck.opts.Exit && !eng.Paused() {
 			// The capture would race with the running task.
-			return nil, "", fmt.Errorf("the task's cgroup was thawed by CRIU's dump: its filesystem cannot be captured consistently")
+			return fmt.Errorf("the task's cgroup was thawed by CRIU's dump: its filesystem cannot be captured consistently")
 		}
 	}
-	p, err := capture.Walk(ctx, sn, key, ck.c.captured)
-	if err != nil {
-		return nil, "", err
+	if err := cp.Walk(); err != nil {
+		return err
 	}
-	st := p.Stats()
 	t.mark("walk")
+	st := cp.Stats()
 	t.fields["entries"], t.fields["writes"], t.fields["bytes"], t.fields["delta"] = st.Entries, st.Writes, st.Bytes, st.Delta
 	if limit && (st.Entries > switchEntries || st.Bytes > switchBytes) {
-		return nil, "", fmt.Errorf("%w: %d entries, %d bytes changed", errSwitch, st.Entries, st.Bytes)
+		return fmt.Errorf("%w: %d entries, %d bytes changed", errSwitch, st.Entries, st.Bytes)
 	}
-	rec, err := p.Commit(ctx, sn, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID})
-	if err != nil {
-		return nil, "", err
+	if err := cp.Write(); err != nil {
+		return err
 	}
-	t.mark("capture")
-	return rec, p.Base(), nil
+	t.mark("write")
+	return nil
 }
 
 // layerCheckpoint is the checkpoint whose frozen layer is layer, or "".

@@ -32,8 +32,9 @@ const ckliteVersion = "cklite/1"
 
 // Checkpoint the container: a CRIU dump and, in the same frozen instant, its rootfs upper captured
 // into an immutable layer (both or neither). Leaving the task running (what every client gets
-// unless it asks to exit) never stops it (capture.go); with Exit, or past the switch rule, it is
-// dump, freeze, restore in place (inplace.go).
+// unless it asks to exit) never stops it (capture.go); past the switch rule, it is dump, freeze,
+// restore in place (inplace.go). With Exit the dump kills it; its upper is captured after a
+// previous capture, frozen as it is otherwise.
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
 	c, err := s.get(r.ID)
 	if err != nil {
@@ -167,10 +168,14 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	switch {
 	case contents == checkpoint.FSOnly:
 		return ck.filesystemOnly(ctx, sn, rs.key, meta)
-	case ck.opts.Exit:
+	case ck.opts.Exit && c.captured == nil:
+		// The task ends: the upper, whatever its size, is frozen as it is in O(1), on the layer
+		// it is stacked on.
 		return ck.withRootfs(ctx, sn, rs.key, meta)
 	}
-	err = ck.captureRootfs(ctx, sn, rs.key, meta, ck.dumpLeavingRunning, true)
+	// With Exit after a capture, what changed since that capture: the chain stays one delta per
+	// checkpoint. The switch rule cannot apply then (the task is gone after the dump).
+	err = ck.captureRootfs(ctx, sn, rs.key, meta, ck.dump, !ck.opts.Exit)
 	if !errors.Is(err, errSwitch) {
 		return err
 	}
@@ -181,9 +186,9 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	return ck.withRootfs(ctx, sn, rs.key, meta)
 }
 
-// dumpLeavingRunning is CRIU's dump of the frozen task, which leaves it frozen.
-func (ck *checkpointRun) dumpLeavingRunning() error {
-	if err := ck.c.engine().Checkpoint(ck.criuOpts(false)); err != nil {
+// dump is CRIU's dump of the frozen task, which leaves it frozen, or with Exit kills it.
+func (ck *checkpointRun) dump() error {
+	if err := ck.c.engine().Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
 		return keepDumpLog(ck.c.bundle, ck.work, err)
 	}
 	return nil
@@ -210,6 +215,8 @@ func (ck *checkpointRun) filesystemOnly(ctx context.Context, sn snapshots.Snapsh
 func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
 	c := ck.c
 	var err error
+	// The upper becomes the layer, stacked where it is: its parent is the checkpoint of key's
+	// parent, even when captures were taken since (they are its siblings).
 	if meta.Parent, err = parentCheckpoint(ctx, sn, key); err != nil {
 		return err
 	}

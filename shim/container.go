@@ -30,7 +30,7 @@ type container struct {
 	rootfs     string // <bundle>/rootfs when the shim mounted it, unmounted on delete
 	// captured is the last capture of the rootfs upper (capture.go), for the next one to write
 	// only what changed; nil whenever the upper is not the one it recorded. Under the lifecycle lock.
-	captured *capture.Record
+	captured   *capture.Record
 	opts       *options.Options
 	eng        engine // read through engine(): an in-place checkpoint or rollback replaces it
 	init       *process

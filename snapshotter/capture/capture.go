@@ -7,30 +7,27 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 )
 
-// Commit writes the plan into a snapshot prepared on its base and commits it as the layer name
-// with labels, and returns the record the next capture of the same upper compares with. Call it
-// under a lease (containerd's collector must not take the temporary snapshot or the layer); on
-// failure the temporary snapshot is removed and no layer exists.
-func (p *Plan) Commit(ctx context.Context, sn snapshots.Snapshotter, name string, labels map[string]string) (_ *Record, retErr error) {
-	tmp := "cklite/capturing/" + name
-	ms, err := sn.Prepare(ctx, tmp, p.base)
-	if err != nil {
-		return nil, fmt.Errorf("capturing %s: prepare %s on %q: %w", p.key, tmp, p.base, err)
+// Write writes what Walk found into the capture's snapshot; the upper's writers must still be
+// still.
+func (c *Capture) Write() error {
+	if err := newWriter(c.upper, c.to).apply(c.ops); err != nil {
+		return fmt.Errorf("capturing %s into %s: %w", c.key, c.tmp, err)
 	}
-	defer func() {
-		if retErr != nil {
-			_ = sn.Remove(context.WithoutCancel(ctx), tmp)
-		}
-	}()
-	to, err := upperOf(tmp, ms)
-	if err != nil {
-		return nil, err
+	return nil
+}
+
+// Commit commits the written capture as its layer with labels, and returns the record the next
+// capture of the same upper compares with. On failure the capture is aborted.
+func (c *Capture) Commit(ctx context.Context, sn snapshots.Snapshotter, labels map[string]string) (*Record, error) {
+	if err := sn.Commit(ctx, c.name, c.tmp, snapshots.WithLabels(labels)); err != nil {
+		c.Abort(ctx, sn)
+		return nil, fmt.Errorf("capturing %s: commit %s as %s: %w", c.key, c.tmp, c.name, err)
 	}
-	if err := newWriter(p.upper, to).apply(p.ops); err != nil {
-		return nil, fmt.Errorf("capturing %s into %s: %w", p.key, tmp, err)
-	}
-	if err := sn.Commit(ctx, name, tmp, snapshots.WithLabels(labels)); err != nil {
-		return nil, fmt.Errorf("capturing %s: commit %s as %s: %w", p.key, tmp, name, err)
-	}
-	return &Record{Upper: p.upper, Layer: name, entries: p.entries}, nil
+	return &Record{Upper: c.upper, Layer: c.name, entries: c.entries}, nil
+}
+
+// Abort removes the capture's snapshot. What it cannot remove (the snapshotter is gone) stays
+// under the caller's lease, and goes with it.
+func (c *Capture) Abort(ctx context.Context, sn snapshots.Snapshotter) {
+	_ = sn.Remove(context.WithoutCancel(ctx), c.tmp)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/snapshotter"
@@ -82,10 +83,7 @@ func TestCaptureDelta(t *testing.T) {
 			}
 			before := tree(t, e.live)
 			tc.change(t, e.live)
-			p, err := Walk(e.ctx, e.sn, "live", first)
-			must(t, err)
-			second, err := p.Commit(e.ctx, e.sn, "cap2", nil)
-			must(t, err)
+			p, second := e.captureOf(first, "cap2")
 			if st := p.Stats(); !st.Delta || p.Base() != "cap1" {
 				t.Fatalf("second capture: stats %+v on %q, want a delta on cap1", st, p.Base())
 			}
@@ -122,11 +120,7 @@ func TestCaptureWhole(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			prev := tc.prev(e)
-			p, err := Walk(e.ctx, e.sn, "live", prev)
-			must(t, err)
-			if _, err := p.Commit(e.ctx, e.sn, "whole", nil); err != nil {
-				t.Fatal(err)
-			}
+			p, _ := e.captureOf(prev, "whole")
 			if p.Stats().Delta || p.Base() != "base" || p.Stats().Writes != p.Stats().Entries {
 				t.Fatalf("stats %+v on %q, want the whole upper on base", p.Stats(), p.Base())
 			}
@@ -158,7 +152,7 @@ func TestCaptureChain(t *testing.T) {
 }
 
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	ctx  context.Context
 	sn   snapshots.Snapshotter
 	live string // the live overlay mount of snapshot "live" on "base"
@@ -166,7 +160,7 @@ type env struct {
 
 // newEnv makes a snapshotter with a base layer, an active snapshot "live" on it mounted, and
 // changes made through the mount: a file copied up, files and directories of the upper alone.
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	if os.Getuid() != 0 {
 		t.Skip("needs root: overlay mounts and trusted.* attributes")
 	}
@@ -201,11 +195,19 @@ func newEnv(t *testing.T) *env {
 }
 
 func (e *env) capture(prev *Record, name string) *Record {
-	p, err := Walk(e.ctx, e.sn, "live", prev)
-	must(e.t, err)
-	r, err := p.Commit(e.ctx, e.sn, name, nil)
-	must(e.t, err)
+	_, r := e.captureOf(prev, name)
 	return r
+}
+
+// captureOf captures "live" as name, after prev.
+func (e *env) captureOf(prev *Record, name string) (*Capture, *Record) {
+	c, err := Prepare(e.ctx, e.sn, "live", name, prev)
+	must(e.t, err)
+	must(e.t, c.Walk())
+	must(e.t, c.Write())
+	r, err := c.Commit(e.ctx, e.sn, nil)
+	must(e.t, err)
+	return c, r
 }
 
 // sameView mounts a view of layer and compares it with want.
@@ -293,14 +295,14 @@ func tree(t *testing.T, root string) map[string]node {
 	return out
 }
 
-func write(t *testing.T, root, rel, content string) {
+func write(t testing.TB, root, rel, content string) {
 	t.Helper()
 	p := filepath.Join(root, rel)
 	must(t, os.MkdirAll(filepath.Dir(p), 0o755))
 	must(t, os.WriteFile(p, []byte(content), 0o644))
 }
 
-func appendTo(t *testing.T, root, rel, content string) {
+func appendTo(t testing.TB, root, rel, content string) {
 	t.Helper()
 	f, err := os.OpenFile(filepath.Join(root, rel), os.O_WRONLY|os.O_APPEND, 0)
 	must(t, err)
@@ -309,14 +311,14 @@ func appendTo(t *testing.T, root, rel, content string) {
 	must(t, f.Close())
 }
 
-func rm(t *testing.T, root, rel string) { t.Helper(); must(t, os.RemoveAll(filepath.Join(root, rel))) }
+func rm(t testing.TB, root, rel string) { t.Helper(); must(t, os.RemoveAll(filepath.Join(root, rel))) }
 
-func chmod(t *testing.T, root, rel string, mode os.FileMode) {
+func chmod(t testing.TB, root, rel string, mode os.FileMode) {
 	t.Helper()
 	must(t, os.Chmod(filepath.Join(root, rel), mode))
 }
 
-func symlink(t *testing.T, root, target, rel string) {
+func symlink(t testing.TB, root, target, rel string) {
 	t.Helper()
 	must(t, os.Symlink(target, filepath.Join(root, rel)))
 }
@@ -334,5 +336,19 @@ func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCaptureAbort: an aborted capture leaves no snapshot.
+func TestCaptureAbort(t *testing.T) {
+	e := newEnv(t)
+	c, err := Prepare(e.ctx, e.sn, "live", "aborted", nil)
+	must(t, err)
+	must(t, c.Walk())
+	c.Abort(e.ctx, e.sn)
+	for _, name := range []string{"cklite/capturing/aborted", "aborted"} {
+		if _, err := e.sn.Stat(e.ctx, name); !errdefs.IsNotFound(err) {
+			t.Fatalf("after Abort, snapshot %s: %v, want not found", name, err)
+		}
 	}
 }

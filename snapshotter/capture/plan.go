@@ -14,18 +14,21 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// Plan is what a capture will write: the result of walking a live upper and comparing it with
-// the previous capture's record. Walk makes it while the writers are still (a frozen cgroup);
-// Commit writes it.
-type Plan struct {
+// Capture is one capture of an active snapshot's upper, in the steps a checkpoint needs: Prepare
+// (the snapshot calls, while the task runs), Walk and Write (while its writers are still: a
+// frozen cgroup), Commit (the snapshot calls again, once the task runs again), or Abort.
+type Capture struct {
 	key, upper string
+	name, tmp  string // the layer to commit, and the snapshot it is written into until then
+	to         string // the upper directory of tmp
 	base       string // the layer the capture goes on: the previous capture's, or key's parent
+	was        map[string]entry
 	ops        []op
 	entries    map[string]entry // the new record
 	stats      Stats
 }
 
-// Stats measure a plan: what the walk saw and what the capture writes.
+// Stats measure a capture: what the walk saw and what the capture writes.
 type Stats struct {
 	Delta     bool          // against the previous capture (else the whole upper)
 	Entries   int           // entries of the upper walked
@@ -42,10 +45,11 @@ type op struct {
 	opaque   string // for a directory: the value of its opaque mark, "" for none
 }
 
-// Walk plans the capture of active snapshot key of sn: a delta against prev when prev recorded
-// key's current upper and its layer still exists, else the whole upper on key's parent. The
-// caller keeps the upper's writers still from Walk to Commit.
-func Walk(ctx context.Context, sn snapshots.Snapshotter, key string, prev *Record) (*Plan, error) {
+// Prepare starts the capture of active snapshot key of sn as the layer name: a delta against
+// prev when prev recorded key's current upper and its layer still exists, else the whole upper on
+// key's parent. It prepares the snapshot "cklite/capturing/<name>" the capture is written into:
+// call it under a lease (containerd's collector must not take it), and end with Commit or Abort.
+func Prepare(ctx context.Context, sn snapshots.Snapshotter, key, name string, prev *Record) (*Capture, error) {
 	info, err := sn.Stat(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("capturing %s: %w", key, err)
@@ -61,38 +65,50 @@ func Walk(ctx context.Context, sn snapshots.Snapshotter, key string, prev *Recor
 	if err != nil {
 		return nil, err
 	}
-	p := &Plan{key: key, upper: upper, base: info.Parent, entries: map[string]entry{}}
-	var was map[string]entry
+	c := &Capture{key: key, upper: upper, name: name, tmp: "cklite/capturing/" + name, base: info.Parent, entries: map[string]entry{}}
 	if prev != nil && prev.Upper == upper {
 		switch _, err := sn.Stat(ctx, prev.Layer); {
 		case err == nil:
-			p.base, was, p.stats.Delta = prev.Layer, prev.entries, true
+			c.base, c.was, c.stats.Delta = prev.Layer, prev.entries, true
 		case !errdefs.IsNotFound(err):
 			return nil, fmt.Errorf("capturing %s: previous capture %s: %w", key, prev.Layer, err)
 		}
 	}
-	start := time.Now()
-	if err := p.walk(was, start.Add(-racyWindow).UnixNano()); err != nil {
-		return nil, fmt.Errorf("capturing %s: walk %s: %w", key, upper, err)
+	ms, err = sn.Prepare(ctx, c.tmp, c.base)
+	if err != nil {
+		return nil, fmt.Errorf("capturing %s: prepare %s on %q: %w", key, c.tmp, c.base, err)
 	}
-	p.stats.Walk = time.Since(start)
-	return p, nil
+	if c.to, err = upperOf(c.tmp, ms); err != nil {
+		c.Abort(ctx, sn)
+		return nil, err
+	}
+	return c, nil
 }
 
-// Stats measure the plan.
-func (p *Plan) Stats() Stats { return p.stats }
+// Walk compares the upper with the previous capture's record: what Write will write.
+func (c *Capture) Walk() error {
+	start := time.Now()
+	if err := c.walk(c.was, start.Add(-racyWindow).UnixNano()); err != nil {
+		return fmt.Errorf("capturing %s: walk %s: %w", c.key, c.upper, err)
+	}
+	c.stats.Walk = time.Since(start)
+	return nil
+}
+
+// Stats measure the capture once walked.
+func (c *Capture) Stats() Stats { return c.stats }
 
 // Base is the layer the capture is stacked on ("" for none).
-func (p *Plan) Base() string { return p.base }
+func (c *Capture) Base() string { return c.base }
 
-// walk compares the upper with was (nil: write everything) into p's ops and new record.
-func (p *Plan) walk(was map[string]entry, racyFrom int64) error {
+// walk compares the upper with was (nil: write everything) into c's ops and new record.
+func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
 	whole := map[string]bool{} // directories written whole: below them, everything is written
-	err := filepath.WalkDir(p.upper, func(abs string, _ fs.DirEntry, err error) error {
+	err := filepath.WalkDir(c.upper, func(abs string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(p.upper, abs)
+		rel, err := filepath.Rel(c.upper, abs)
 		if err != nil || rel == "." {
 			return err
 		}
@@ -100,47 +116,47 @@ func (p *Plan) walk(was map[string]entry, racyFrom int64) error {
 		if err != nil {
 			return err
 		}
-		p.entries[rel] = e
-		p.stats.Entries++
+		c.entries[rel] = e
+		c.stats.Entries++
 		old, known := was[rel]
 		switch {
 		case under(whole, rel):
-			p.write(rel, e, opaqueValue(e.opaque))
+			c.write(rel, e, opaqueValue(e.opaque))
 		case e.isDir() && (!known || e.recreated(old)):
 			// Recreated where the previous capture had a directory: the upper need not mark
 			// it opaque (nothing below the upper has it), the capture must.
 			whole[rel] = true
-			p.write(rel, e, opaqueValue(e.opaque || known && old.isDir()))
+			c.write(rel, e, opaqueValue(e.opaque || known && old.isDir()))
 		case !known || e.changed(old):
-			p.write(rel, e, "")
+			c.write(rel, e, "")
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	p.whiteouts(was, whole)
+	c.whiteouts(was, whole)
 	return nil
 }
 
-func (p *Plan) write(rel string, e entry, opaque string) {
-	p.ops = append(p.ops, op{path: rel, opaque: opaque})
-	p.stats.Writes++
+func (c *Capture) write(rel string, e entry, opaque string) {
+	c.ops = append(c.ops, op{path: rel, opaque: opaque})
+	c.stats.Writes++
 	if e.isReg() {
-		p.stats.Bytes += e.size
+		c.stats.Bytes += e.size
 	}
 }
 
 // whiteouts hides the paths of the previous capture that are gone from the upper: one whiteout
 // at the topmost gone path, none below a directory written whole or replaced by a non-directory.
-func (p *Plan) whiteouts(was map[string]entry, whole map[string]bool) {
+func (c *Capture) whiteouts(was map[string]entry, whole map[string]bool) {
 	var gone []string
 	for rel := range was {
-		if _, ok := p.entries[rel]; ok {
+		if _, ok := c.entries[rel]; ok {
 			continue
 		}
 		parent := filepath.Dir(rel)
-		if pe, ok := p.entries[parent]; parent != "." && (!ok || !pe.isDir()) {
+		if pe, ok := c.entries[parent]; parent != "." && (!ok || !pe.isDir()) {
 			continue
 		}
 		if !under(whole, rel) {
@@ -149,9 +165,9 @@ func (p *Plan) whiteouts(was map[string]entry, whole map[string]bool) {
 	}
 	sort.Strings(gone)
 	for _, rel := range gone {
-		p.ops = append(p.ops, op{path: rel, whiteout: true})
+		c.ops = append(c.ops, op{path: rel, whiteout: true})
 	}
-	p.stats.Whiteouts = len(gone)
+	c.stats.Whiteouts = len(gone)
 }
 
 // under tells whether rel is below one of dirs.
