@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps deps-kube build install demo test test-unit test-integration test-long test-kube test-forks vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps deps-kube build install demo test test-unit test-integration test-long test-faults test-kube test-forks vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
 
 all: build
 
@@ -80,6 +80,12 @@ test-long: deps build
 
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -skip '^TestKube' ./integration/
+
+## test-faults: the fault-injection suite (issue 16), 30 seeded rounds per fault point: the shim,
+## the snapshotter and containerd die mid-checkpoint and mid-rollback (integration/fault_test.go,
+## docs/reliability.md); make test runs 1 round per point. CKLITE_FAULT_SEED picks another seed.
+test-faults: deps build
+	CKLITE_FAULT_ROUNDS=$${CKLITE_FAULT_ROUNDS:-30} $(GO) test -count=1 -v -timeout 180m -run '^TestFaults$$' ./integration/
 
 ## test-kube: the kubelet tests (integration/kube_test.go) on a one-node Kubernetes built by deps-kube
 test-kube: deps-kube build

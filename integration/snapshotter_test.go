@@ -54,6 +54,19 @@ func newFSEnv(t *testing.T) *fsEnv {
 	t.Helper()
 	d := startDaemon(t, harness.Config{CkliteSnapshotter: true})
 	ctx := d.Context(context.Background())
+	img := unpackBusybox(t, d)
+	ctx, done, err := d.Client().WithLease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { done(context.Background()) })
+	return &fsEnv{d: d, ctx: ctx, sn: d.Client().SnapshotService(ckliteSnapshotter), img: img}
+}
+
+// unpackBusybox imports busybox into d and unpacks it into cklite-snapshotter.
+func unpackBusybox(t *testing.T, d *harness.Daemon) client.Image {
+	t.Helper()
+	ctx := d.Context(context.Background())
 	if err := d.Import(ctx, busybox); err != nil {
 		t.Fatal(err)
 	}
@@ -64,12 +77,7 @@ func newFSEnv(t *testing.T) *fsEnv {
 	if err := img.Unpack(ctx, ckliteSnapshotter); err != nil {
 		t.Fatalf("unpacking busybox into cklite: %v", err)
 	}
-	ctx, done, err := d.Client().WithLease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { done(context.Background()) })
-	return &fsEnv{d: d, ctx: ctx, sn: d.Client().SnapshotService(ckliteSnapshotter), img: img}
+	return img
 }
 
 // container makes a busybox container on the cklite snapshot key, prepared from parent first

@@ -14,6 +14,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/cklite/cklite/pkg/fault"
 )
 
 // CheckpointOpts are containerd's checkpoint options in engine terms.
@@ -67,7 +69,7 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	if err != nil {
 		return err
 	}
-	c.waitUserExec(time.Second)
+	c.waitUserExec(execWaitLimit)
 	// CRIU freezes a thawed cgroup v1 by writing FROZEN and polling the state every 100 ms; its
 	// first poll mostly reads FREEZING still, so a dump waited 100 ms for nothing. libcontainer's
 	// freeze polls in microseconds, and CRIU takes a frozen cgroup as it is and leaves it frozen.
@@ -76,6 +78,9 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	// cgroup itself, with its own, longer, timeout.
 	thaw := !c.Paused() && c.Pause() == nil
 	err = wrap("checkpoint", c.lc.Checkpoint(opts))
+	if err == nil {
+		fault.Point(fault.ShimAfterDump)
+	}
 	if !thaw && err != nil && !c.Paused() {
 		// CRIU thaws a cgroup it found frozen once it holds the tasks by ptrace, and freezes it
 		// again when done; killed in between, it leaves the client's paused task running while
@@ -136,18 +141,27 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 // initComm is the name libcontainer's init goes by until it execs the user's program.
 const initComm = "runc:[2:INIT]"
 
+// execWaitLimit bounds waitUserExec. It is long because the wait is on the scheduler: 16
+// containers started and checkpointed at once on 2 cores (TestConcurrentCheckpoints, in CI)
+// left an init unscheduled past the second this once was, and the dump failed on the shim binary.
+const execWaitLimit = 10 * time.Second
+
 // waitUserExec waits, up to limit, for init to exec the user's program. A task Start returns
 // once libcontainer's init may exec, not once it has: a task checkpointed right after its start
 // could be frozen still running the shim binary, mapped from outside the container's mounts,
-// which CRIU cannot dump ("Can't lookup mount ... path=/containerd-shim-cklite-v2").
+// which CRIU cannot dump ("Can't lookup mount ... path=/containerd-shim-cklite-v2"). The poll
+// starts at 100µs (an init that is running execs within that) and backs off to 10ms.
 func (c *Container) waitUserExec(limit time.Duration) {
 	comm := fmt.Sprintf("/proc/%d/comm", c.InitPid())
-	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+	step := 100 * time.Microsecond
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(step) {
 		b, err := os.ReadFile(comm)
 		if err != nil || strings.TrimSpace(string(b)) != initComm {
 			return
 		}
+		step = min(2*step, 10*time.Millisecond)
 	}
+	log.L.WithField("pid", c.InitPid()).Warnf("init has not exec'd its program %s after its start: dumping anyway", limit)
 }
 
 // criu is what PrepareCRIU found, once per process.

@@ -8,6 +8,7 @@ import (
 	containersapi "github.com/containerd/containerd/api/services/containers/v1"
 	leasesapi "github.com/containerd/containerd/api/services/leases/v1"
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/core/containers"
 	introspectionproxy "github.com/containerd/containerd/v2/core/introspection/proxy"
 	"github.com/containerd/containerd/v2/core/leases"
 	leasesproxy "github.com/containerd/containerd/v2/core/leases/proxy"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/paths"
+	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // daemonClient is what the shim asks of containerd beyond the task API (daemon below): the seam
@@ -30,6 +32,7 @@ type daemonClient interface {
 	containerRootfs(ctx context.Context, ns, id string) (rootfsSnapshot, error)
 	setLineage(ctx context.Context, ns, id string, l checkpoint.Lineage) error
 	snapshotter(name string) (snapshots.Snapshotter, error)
+	containers() (freeze.Containers, error)
 	leases() (leases.Manager, error)
 	instance(ctx context.Context, stateDir string) (paths.Instance, error)
 	close()
@@ -109,6 +112,43 @@ func (d *daemon) snapshotter(name string) (snapshots.Snapshotter, error) {
 		return nil, err
 	}
 	return snapshotsproxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), name), nil
+}
+
+// containers is containerd's container store, for a switch of a container's rootfs snapshot.
+func (d *daemon) containers() (freeze.Containers, error) {
+	conn, err := d.dial()
+	if err != nil {
+		return nil, err
+	}
+	return containerStore{containersapi.NewContainersClient(conn)}, nil
+}
+
+// containerStore is the part of containerd's container API a switch uses (freeze.Containers), on
+// the shim's connection: what containerd's client package offers, without that package.
+type containerStore struct {
+	c containersapi.ContainersClient
+}
+
+func (s containerStore) Get(ctx context.Context, id string) (containers.Container, error) {
+	resp, err := s.c.Get(ctx, &containersapi.GetContainerRequest{ID: id})
+	if err != nil {
+		return containers.Container{}, errgrpc.ToNative(err)
+	}
+	c := resp.Container
+	return containers.Container{ID: c.ID, Labels: c.Labels, Snapshotter: c.Snapshotter, SnapshotKey: c.SnapshotKey}, nil
+}
+
+// Update updates the fields of c that fieldpaths name; only the snapshot key and labels are
+// sent, all a switch changes.
+func (s containerStore) Update(ctx context.Context, c containers.Container, fieldpaths ...string) (containers.Container, error) {
+	_, err := s.c.Update(ctx, &containersapi.UpdateContainerRequest{
+		Container:  &containersapi.Container{ID: c.ID, Labels: c.Labels, SnapshotKey: c.SnapshotKey},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: fieldpaths},
+	})
+	if err != nil {
+		return containers.Container{}, errgrpc.ToNative(err)
+	}
+	return c, nil
 }
 
 func (d *daemon) leases() (leases.Manager, error) {

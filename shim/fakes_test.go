@@ -22,6 +22,7 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/paths"
 	"github.com/cklite/cklite/runtime"
+	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // fakeEngine records the calls made on it and fails the test when one arrives while a dump, a
@@ -131,6 +132,9 @@ func (d *fakeDaemon) setLineage(context.Context, string, string, checkpoint.Line
 
 func (d *fakeDaemon) snapshotter(string) (snapshots.Snapshotter, error) {
 	return fakeSnapshotter{}, nil
+}
+func (d *fakeDaemon) containers() (freeze.Containers, error) {
+	return nil, errors.New("no containerd in unit tests")
 }
 func (d *fakeDaemon) leases() (leases.Manager, error) { return fakeLeases{}, nil }
 func (d *fakeDaemon) instance(context.Context, string) (paths.Instance, error) {

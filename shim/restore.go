@@ -18,6 +18,7 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/criuimage"
 	"github.com/cklite/cklite/runtime"
+	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // Restore at Create: a container created from a checkpoint (ctr's --checkpoint, a checkpoint
@@ -45,9 +46,11 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 	s.descend(namespaces.WithNamespace(ctx, ns), c.id, meta)
 	moveOwnCgroup(c.spec, meta.Container, c.id)
 	if meta.Contents.HasFS() && !c.fromImage {
-		if rootfs, err = s.rootfsForRestore(ctx, ns, c.id, meta); err != nil {
+		sw, err := s.rootfsForRestore(ctx, ns, c.id, meta)
+		if err != nil {
 			return nil, err
 		}
+		rootfs = sw.Mounts
 	}
 	if !meta.Contents.HasMemory() {
 		c.checkpoint = ""
@@ -159,41 +162,41 @@ func (s *service) restore(ctx context.Context, c *container) error {
 	return nil
 }
 
-// rootfsForRestore replaces container id's rootfs snapshot by a fresh one on the frozen layer of
-// checkpoint meta, and returns its mounts: what the container wrote since is discarded.
-func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta checkpoint.Meta) ([]mount.Mount, error) {
+// rootfsForRestore switches container id's rootfs to a fresh snapshot on the frozen layer of
+// checkpoint meta (freeze.Switch: a crash at any moment leaves the container on a snapshot that
+// exists) and returns it: what the container wrote since is discarded.
+func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta checkpoint.Meta) (freeze.Switched, error) {
 	ctx = namespaces.WithNamespace(ctx, ns)
 	rs, err := s.daemon.containerRootfs(ctx, ns, id)
 	if err != nil {
-		return nil, err
+		return freeze.Switched{}, err
 	}
 	if rs.key == "" {
-		return nil, fmt.Errorf("checkpoint %s holds a filesystem, but container %s has no rootfs snapshot to restore it into: %w", meta.ID, id, errdefs.ErrFailedPrecondition)
+		return freeze.Switched{}, fmt.Errorf("checkpoint %s holds a filesystem, but container %s has no rootfs snapshot to restore it into: %w", meta.ID, id, errdefs.ErrFailedPrecondition)
 	}
 	if rs.snapshotter != meta.Snapshotter {
-		return nil, fmt.Errorf("checkpoint %s's filesystem is in snapshotter %q, container %s uses %q: %w", meta.ID, meta.Snapshotter, id, rs.snapshotter, errdefs.ErrFailedPrecondition)
+		return freeze.Switched{}, fmt.Errorf("checkpoint %s's filesystem is in snapshotter %q, container %s uses %q: %w", meta.ID, meta.Snapshotter, id, rs.snapshotter, errdefs.ErrFailedPrecondition)
 	}
 	sn, err := s.daemon.snapshotter(rs.snapshotter)
 	if err != nil {
-		return nil, err
+		return freeze.Switched{}, err
 	}
 	if err := s.frozenLayerExists(ctx, sn, meta); err != nil {
-		return nil, err
+		return freeze.Switched{}, err
 	}
-	info, err := sn.Stat(ctx, rs.key)
-	if err != nil && !errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("rootfs snapshot %s: %w", rs.key, err)
-	}
-	if err == nil {
-		if err := sn.Remove(ctx, rs.key); err != nil {
-			return nil, fmt.Errorf("replace rootfs snapshot %s: %w", rs.key, err)
-		}
-	}
-	mounts, err := sn.Prepare(ctx, rs.key, meta.Frozen, snapshots.WithLabels(info.Labels))
+	cs, err := s.daemon.containers()
 	if err != nil {
-		return nil, fmt.Errorf("stack rootfs snapshot %s on frozen layer %s of checkpoint %s: %w", rs.key, meta.Frozen, meta.ID, err)
+		return freeze.Switched{}, err
 	}
-	return mounts, nil
+	lm, err := s.daemon.leases()
+	if err != nil {
+		return freeze.Switched{}, err
+	}
+	sw, err := freeze.Switch(ctx, sn, cs, lm, id, meta.Frozen)
+	if err != nil {
+		return freeze.Switched{}, fmt.Errorf("stack the rootfs of container %s on frozen layer %s of checkpoint %s: %w", id, meta.Frozen, meta.ID, err)
+	}
+	return sw, nil
 }
 
 // frozenLayerExists checks that checkpoint meta's frozen layer is in sn, naming why not.

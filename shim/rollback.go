@@ -80,13 +80,16 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 			}
 			return nil
 		},
-		switchRootfs: func(ctx context.Context) error {
-			if !meta.Contents.HasFS() {
-				return nil // a memory-only checkpoint keeps the current files
-			}
-			_, err := s.rootfsForRestore(ctx, ns, c.id, meta)
-			return err
-		},
+	}
+	ip.switchRootfs = func(ctx context.Context) error {
+		if !meta.Contents.HasFS() {
+			return nil // a memory-only checkpoint keeps the current files
+		}
+		sw, err := s.rootfsForRestore(ctx, ns, c.id, meta)
+		if err == nil {
+			ip.key = sw.Key // the restore mounts the fresh key
+		}
+		return err
 	}
 	start := time.Now()
 	res, err := ip.run(ctx)

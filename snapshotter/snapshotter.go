@@ -18,6 +18,8 @@ import (
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	"github.com/cklite/cklite/pkg/fault"
 )
 
 // Snapshotter is a containerd snapshotter on overlayfs whose Commit is O(1), which makes a
@@ -241,6 +243,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if _, err := storage.CommitActive(ctx, key, name, snapshots.Usage{}, opts...); err != nil {
 			return fmt.Errorf("committing %s as %s: %w", key, name, err)
 		}
+		fault.Point(fault.SnapshotterCommit)
 		if s.dedup != nil {
 			s.dedup.enqueue(s.upperPath(id))
 		}

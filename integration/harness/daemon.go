@@ -19,6 +19,7 @@ import (
 
 	"github.com/cklite/cklite/integration/harness/hostcheck"
 	"github.com/cklite/cklite/pkg/config"
+	"github.com/cklite/cklite/pkg/fault"
 	"github.com/cklite/cklite/pkg/localimage"
 	"github.com/cklite/cklite/pkg/paths"
 )
@@ -55,6 +56,9 @@ type Config struct {
 	StateDir string
 	// Imports are configuration files containerd imports (what `cklite setup --existing` writes).
 	Imports []string
+	// FaultFile, when set, is CKLITE_FAULT_FILE for containerd, its shims, the snapshotter and
+	// the CLIs (pkg/fault): the fault-injection tests arm faults in it.
+	FaultFile string
 }
 
 // Daemon is a running private containerd.
@@ -239,7 +243,7 @@ func (d *Daemon) StartSnapshotter() error { return d.startSnapshotter() }
 
 // env is the environment of containerd and of the CLIs run against it.
 func (d *Daemon) env() []string {
-	return []string{
+	env := []string{
 		"PATH=" + d.stack.Path(),
 		"TMPDIR=" + filepath.Join(d.Dir, "tmp"),
 		"HOME=" + d.Dir,
@@ -247,6 +251,10 @@ func (d *Daemon) env() []string {
 		// The shims inherit it from containerd, the CLI reads it too.
 		config.ShimConfigEnv + "=" + d.shimConfigPath(),
 	}
+	if d.cfg.FaultFile != "" {
+		env = append(env, fault.FileEnv+"="+d.cfg.FaultFile)
+	}
+	return env
 }
 
 // Instance is cklite's state directory of this containerd instance (pkg/paths): where the
@@ -330,6 +338,32 @@ func (d *Daemon) Restart(ctx context.Context) error {
 		return err
 	}
 	return d.startContainerd(ctx)
+}
+
+// Crash kills containerd with SIGKILL, as a crash would, and starts it again on the same root,
+// state and socket. Clients and services taken from Client before are closed.
+func (d *Daemon) Crash(ctx context.Context) error {
+	d.client.Close()
+	d.client = nil
+	if err := d.ctrd.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	<-d.ctrd.done
+	return d.startContainerd(ctx)
+}
+
+// SnapshotterExited reports whether cklite-snapshotter has exited since it was started (a fault
+// killed it): the caller restarts it with StartSnapshotter.
+func (d *Daemon) SnapshotterExited() bool {
+	if d.snapshotter == nil {
+		return false
+	}
+	select {
+	case <-d.snapshotter.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // LogTail returns the last n lines of containerd's log, for test failure messages.

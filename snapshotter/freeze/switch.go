@@ -1,0 +1,162 @@
+package freeze
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"maps"
+
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/cklite/cklite/pkg/fault"
+)
+
+// Switch replaces the rootfs snapshot of a container by a fresh one on another parent (a
+// checkpoint's frozen layer: a rollback, a fork, a restore) so that a crash at any moment leaves
+// the container referring to a snapshot that exists (issue 16 item 1). Removing the key and
+// preparing it again on the new parent, the obvious way, loses the container to a crash between
+// the two. A switch makes three steps, each a single transaction of containerd's:
+//
+//  1. Prepare a fresh key on the new parent, under a lease, with the old key's labels;
+//  2. Update the container record's SnapshotKey to the fresh key (containerd's fieldpath
+//     "snapshotkey"): the atomic step;
+//  3. Remove the old key.
+//
+// A crash before 2 leaves the container on its old key and a fresh key that only the lease holds:
+// containerd's collector frees it when the lease expires. A crash between 2 and 3 leaves the
+// container on the fresh key and the old one unreferenced: the collector frees it too, and the
+// next switch or Recover removes it at once (LabelReplaces names it).
+//
+// The fresh key is "<container id>-<8 random hex digits>": unique without asking containerd,
+// and the same length after any number of switches. The container's key is therefore not always
+// its id: whatever deletes a container reads the key from its record (nerdctl rm, the CRI's
+// RemoveContainer, ctr's --snapshot-cleanup), as containerd's task create does; the CRI's cache
+// of snapshot sizes, keyed by container id, reports 0 bytes for a switched writable layer.
+
+// LabelReplaces, on a rootfs snapshot a switch prepared, is the key it replaced.
+const LabelReplaces = "cklite.io/rootfs.replaces"
+
+// Containers is what a switch asks of containerd's container store (containers.Store).
+type Containers interface {
+	Get(ctx context.Context, id string) (containers.Container, error)
+	Update(ctx context.Context, c containers.Container, fieldpaths ...string) (containers.Container, error)
+}
+
+// Switched is a container's rootfs snapshot after a switch.
+type Switched struct {
+	Key    string
+	Mounts []mount.Mount
+}
+
+// Switch moves container id's rootfs to a fresh active snapshot of sn (the container's
+// snapshotter) on the committed snapshot parent, with the labels of its current one, and removes
+// the current one. lm makes the lease that holds the fresh key until the container refers to it;
+// it may be nil when ctx carries a lease. The caller keeps the container's rootfs unmounted and
+// its task stopped meanwhile; what was written to the old key since parent is discarded.
+func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm leases.Manager, id, parent string) (Switched, error) {
+	ctr, err := cs.Get(ctx, id)
+	if err != nil {
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+	}
+	old := ctr.SnapshotKey
+	if old == "" {
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s: it has no rootfs snapshot: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	info, err := sn.Stat(ctx, old)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+	}
+	// A key already lost (a crash before switches existed) gets a new one all the same.
+	removeReplaced(ctx, sn, old, info.Labels[LabelReplaces])
+	labels := maps.Clone(info.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[LabelReplaces] = old
+
+	ctx, done, err := leased(ctx, lm)
+	if err != nil {
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+	}
+	defer done()
+	sw, err := prepareFresh(ctx, sn, id, parent, labels)
+	if err != nil {
+		return Switched{}, err
+	}
+	fault.Point(fault.SwitchPrepared)
+	if _, err := cs.Update(ctx, containers.Container{ID: id, SnapshotKey: sw.Key}, "snapshotkey"); err != nil {
+		if rerr := sn.Remove(context.WithoutCancel(ctx), sw.Key); rerr != nil {
+			log.G(ctx).WithError(rerr).WithField("key", sw.Key).Warn("remove the fresh rootfs snapshot of a failed switch (its lease frees it)")
+		}
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s to %s: update the container: %w", id, sw.Key, err)
+	}
+	fault.Point(fault.SwitchUpdated)
+	removeReplaced(ctx, sn, sw.Key, old)
+	return sw, nil
+}
+
+// Recover removes what a switch of container id that died after updating the container left: the
+// key its rootfs snapshot replaced. A shim calls it before it uses the container's rootfs.
+func Recover(ctx context.Context, sn snapshots.Snapshotter, cs Containers, id string) error {
+	ctr, err := cs.Get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("recover the rootfs of container %s: %w", id, err)
+	}
+	if ctr.SnapshotKey == "" {
+		return nil
+	}
+	info, err := sn.Stat(ctx, ctr.SnapshotKey)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("recover the rootfs of container %s: %w", id, err)
+	}
+	removeReplaced(ctx, sn, ctr.SnapshotKey, info.Labels[LabelReplaces])
+	return nil
+}
+
+// removeReplaced removes old, the key that current replaced, if it is still there. A failure is
+// only logged: nothing refers to old, the collector frees it, and the next switch tries again.
+func removeReplaced(ctx context.Context, sn snapshots.Snapshotter, current, old string) {
+	if old == "" || old == current {
+		return
+	}
+	err := sn.Remove(ctx, old)
+	if err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithFields(log.Fields{"key": old, "replaced by": current}).Warn("remove a replaced rootfs snapshot")
+	}
+}
+
+// prepareFresh prepares a key of container id no snapshot has, on parent.
+func prepareFresh(ctx context.Context, sn snapshots.Snapshotter, id, parent string, labels map[string]string) (Switched, error) {
+	for range 3 { // a second collision of 32 random bits would be a broken random source
+		key, err := freshKey(id)
+		if err != nil {
+			return Switched{}, err
+		}
+		mounts, err := sn.Prepare(ctx, key, parent, snapshots.WithLabels(labels))
+		if errdefs.IsAlreadyExists(err) {
+			continue
+		}
+		if err != nil {
+			return Switched{}, fmt.Errorf("switch the rootfs of container %s: prepare %s on %s: %w", id, key, parent, err)
+		}
+		return Switched{Key: key, Mounts: mounts}, nil
+	}
+	return Switched{}, fmt.Errorf("switch the rootfs of container %s: no fresh key: %w", id, errdefs.ErrAlreadyExists)
+}
+
+func freshKey(id string) (string, error) {
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("random snapshot key: %w", err)
+	}
+	return id + "-" + hex.EncodeToString(b), nil
+}
