@@ -47,17 +47,16 @@ func TestCheckpointLeavesTaskRunning(t *testing.T) {
 	wants := map[int]map[string]string{}
 	for i := 1; i <= 10; i++ {
 		changeFiles(t, rootfs, i)
-		start := time.Now()
-		out := cklite(t, e.d, "checkpoint", "create", "--image-path", checkpointDir(t, e.d, fmt.Sprint("leave-", i)), c.ID())
-		logTiming(t, "cklite checkpoint create, leave running", start)
-		m := createdID.FindStringSubmatch(out)
-		if m == nil {
-			t.Fatalf("cklite checkpoint create printed %q, want a checkpoint id", out)
-		}
-		ids[i], wants[i] = m[1], treeFiles(t, rootfs)
+		ids[i], wants[i] = e.cliCheckpoint(t, c.ID(), fmt.Sprint("leave-", i)), treeFiles(t, rootfs)
 		same(fmt.Sprintf("after checkpoint %d", i))
 		if i == 5 {
 			e.snapshotterGone(t, task, func() { same("after a checkpoint without cklite-snapshotter") })
+		}
+	}
+	// The shim's step times of each checkpoint (freeze, dump, walk, write, thaw, commit, record).
+	for _, l := range strings.Split(e.d.LogTail(1000), "\n") {
+		if strings.Contains(l, "task left running") {
+			t.Log(l)
 		}
 	}
 	if i := ids[3]; len(wants[3]) == 0 || maps.Equal(wants[3], wants[10]) {
@@ -224,4 +223,73 @@ func rootMountID(t *testing.T, pid uint32) string {
 	}
 	t.Fatalf("no / in the mountinfo of %d (%v)", pid, s.Err())
 	return ""
+}
+
+// TestCheckpointSwitchRule: a leave-running checkpoint of an upper that changed by more than the
+// switch rule's bytes (64 MiB) takes the in-place cycle instead of a capture: the task is restored
+// on a fresh, empty upper (a new init and rootfs mount), and the next checkpoint captures again,
+// leaving that task as it is. Rollbacks to both show their files.
+func TestCheckpointSwitchRule(t *testing.T) {
+	e := newCkEnv(t)
+	c := e.newContainer(t, "switch", e.img, oci.WithProcessArgs("sleep", "1000000"))
+	task, err := startTask(e.ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfs := e.d.RootfsPath(c.ID())
+	pid, mnt := task.Pid(), rootMountID(t, task.Pid())
+	big := make([]byte, 70<<20)
+	if err := os.WriteFile(filepath.Join(rootfs, "big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	first := e.cliCheckpoint(t, c.ID(), "switch-1")
+	task = e.taskOf(t, c)
+	if task.Pid() == pid || rootMountID(t, task.Pid()) == mnt {
+		t.Fatalf("after a checkpoint of 70 MiB written, init %d on mount %s (was %d on %s): want the in-place cycle", task.Pid(), rootMountID(t, task.Pid()), pid, mnt)
+	}
+	pid, mnt = task.Pid(), rootMountID(t, task.Pid())
+	if err := os.WriteFile(filepath.Join(rootfs, "small"), []byte("small"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	second := e.cliCheckpoint(t, c.ID(), "switch-2")
+	if task := e.taskOf(t, c); task.Pid() != pid || rootMountID(t, pid) != mnt {
+		t.Fatalf("after a small checkpoint following a switch, init %d (was %d): want it left running", task.Pid(), pid)
+	}
+	for _, tc := range []struct {
+		id    string
+		small bool
+	}{{first, false}, {second, true}} {
+		cklite(t, e.d, "rollback", c.ID(), tc.id)
+		if fi, err := os.Stat(filepath.Join(rootfs, "big")); err != nil || fi.Size() != int64(len(big)) {
+			t.Fatalf("after a rollback to %s, big: %v %v", tc.id, fi, err)
+		}
+		if _, err := os.Stat(filepath.Join(rootfs, "small")); (err == nil) != tc.small {
+			t.Fatalf("after a rollback to %s, small: %v, want it there: %v", tc.id, err, tc.small)
+		}
+	}
+}
+
+// cliCheckpoint takes a leave-running checkpoint of container id with cklite into a new image
+// directory and returns its id.
+func (e *ckEnv) cliCheckpoint(t *testing.T, id, dir string) string {
+	t.Helper()
+	start := time.Now()
+	out := cklite(t, e.d, "checkpoint", "create", "--image-path", checkpointDir(t, e.d, dir), id)
+	logTiming(t, "cklite checkpoint create, leave running", start)
+	m := createdID.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("cklite checkpoint create printed %q, want a checkpoint id", out)
+	}
+	return m[1]
+}
+
+// taskOf is c's task now.
+func (e *ckEnv) taskOf(t *testing.T, c client.Container) client.Task {
+	t.Helper()
+	task, err := c.Task(e.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.expectStatus(t, task, client.Running, "after a checkpoint")
+	return task
 }

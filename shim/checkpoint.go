@@ -24,7 +24,6 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/runtime"
-	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // ckliteVersion is written into every checkpoint's metadata.
@@ -230,18 +229,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 			}
 			return nil
 		},
-		switchRootfs: func(ctx context.Context) error {
-			if err := freeze.Freeze(ctx, sn, nil, key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID}); err != nil {
-				return err
-			}
-			if err := ck.record(ctx, meta); err != nil {
-				// Unfreezing is not possible; the layer stays in the chain, unrecorded, and
-				// the collector frees it with the container.
-				log.G(ctx).WithError(err).WithField("frozen", meta.Frozen).Warn("checkpoint not recorded")
-				return err
-			}
-			return nil
-		},
+		switchRootfs: func(ctx context.Context) error { return ck.freezeRecorded(ctx, sn, key, meta) },
 		restoreAnyway: true,
 		exit:          ck.opts.Exit,
 	}
@@ -258,6 +246,31 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 	}
 	log.G(ctx).WithField("id", meta.ID).Info("checkpoint taken")
 	return nil
+}
+
+// freezeRecorded freezes key's upper as the checkpoint's layer and prepares key again on it, as
+// freeze.Freeze does, with the checkpoint recorded in between: containerd's Commit consumes the
+// key (there is no O(1) commit that keeps it), and a crash before the Prepare leaves the container
+// without its key, but its files in a recorded checkpoint, which a rollback switches it to (a
+// crash before the record leaves them under the work lease only, which expires).
+func (ck *checkpointRun) freezeRecorded(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
+	info, err := sn.Stat(ctx, key)
+	if err != nil {
+		return fmt.Errorf("freezing %s: %w", key, err)
+	}
+	if err := sn.Commit(ctx, meta.Frozen, key, snapshots.WithLabels(map[string]string{checkpoint.LabelID: meta.ID})); err != nil {
+		return fmt.Errorf("freezing %s as %s: %w", key, meta.Frozen, err)
+	}
+	recErr := ck.record(ctx, meta)
+	if recErr != nil {
+		// Unfreezing is not possible; the layer stays in the chain, unrecorded, and the
+		// collector frees it with the container.
+		log.G(ctx).WithError(recErr).WithField("frozen", meta.Frozen).Warn("checkpoint not recorded")
+	}
+	if _, err := sn.Prepare(ctx, key, meta.Frozen, snapshots.WithLabels(info.Labels)); err != nil {
+		return fmt.Errorf("froze %s as %s, but preparing %s again on it failed: %w", key, meta.Frozen, key, err)
+	}
+	return recErr
 }
 
 // criuOpts are the engine's options for this checkpoint's dump (exit: its processes end) or for
