@@ -229,7 +229,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 			}
 			return nil
 		},
-		switchRootfs: func(ctx context.Context) error { return ck.freezeRecorded(ctx, sn, key, meta) },
+		switchRootfs:  func(ctx context.Context) error { return ck.freezeRecorded(ctx, sn, key, meta) },
 		restoreAnyway: true,
 		exit:          ck.opts.Exit,
 	}
