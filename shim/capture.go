@@ -29,9 +29,16 @@ import (
 // costs more than today's in-place cycle (a dump that stops the task, the upper frozen as it is in
 // O(1), a restore on a fresh, empty upper), which the checkpoint then takes: the next captures
 // start again from an empty upper. docs/checkpoints.md has the measurements behind the numbers.
+//
+// A client that paused the task before the checkpoint (containerd's Go client, ctr, nerdctl and
+// the CRI do for a runtime not named runc) diffs the container's snapshot once it returns, the task
+// still paused: that diff is of the whole upper, which captures leave as it is. Past
+// switchDiffBytes in the upper the in-place cycle, which leaves an empty upper to diff, is cheaper
+// for such a client.
 const (
-	switchEntries = 20000
-	switchBytes   = 64 << 20
+	switchEntries   = 20000
+	switchBytes     = 64 << 20
+	switchDiffBytes = 1 << 20
 )
 
 // errSwitch says that the capture would cost more than the in-place cycle.
@@ -92,7 +99,8 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 // capture, then thaws it again.
 func (ck *checkpointRun) whileFrozen(cp *capture.Capture, dump func() error, limit bool, t *steps) (err error) {
 	eng := ck.c.engine()
-	if !eng.Paused() {
+	clientPaused := eng.Paused()
+	if !clientPaused {
 		start := time.Now()
 		if err := eng.Pause(); err != nil {
 			return err
@@ -123,8 +131,8 @@ func (ck *checkpointRun) whileFrozen(cp *capture.Capture, dump func() error, lim
 	t.mark("walk")
 	st := cp.Stats()
 	t.fields["entries"], t.fields["writes"], t.fields["bytes"], t.fields["delta"] = st.Entries, st.Writes, st.Bytes, st.Delta
-	if limit && (st.Entries > switchEntries || st.Bytes > switchBytes) {
-		return fmt.Errorf("%w: %d entries, %d bytes changed", errSwitch, st.Entries, st.Bytes)
+	if limit && (st.Entries > switchEntries || st.Bytes > switchBytes || clientPaused && st.Size > switchDiffBytes) {
+		return fmt.Errorf("%w: %d entries, %d bytes changed, %d bytes in all, paused by the client: %t", errSwitch, st.Entries, st.Bytes, st.Size, clientPaused)
 	}
 	if err := cp.Write(); err != nil {
 		return err

@@ -32,6 +32,7 @@ type Capture struct {
 type Stats struct {
 	Delta     bool          // against the previous capture (else the whole upper)
 	Entries   int           // entries of the upper walked
+	Size      int64         // bytes of the upper's regular files
 	Writes    int           // entries to write
 	Bytes     int64         // bytes of regular files to write
 	Whiteouts int           // paths of the previous capture gone since
@@ -118,6 +119,9 @@ func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
 		}
 		c.entries[rel] = e
 		c.stats.Entries++
+		if e.isReg() {
+			c.stats.Size += e.size
+		}
 		old, known := was[rel]
 		switch {
 		case under(whole, rel):
