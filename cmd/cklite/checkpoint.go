@@ -1,30 +1,24 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"maps"
-	"os"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/leases"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"github.com/docker/go-units"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	ckclient "github.com/cklite/cklite/pkg/client"
 )
 
 func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	out := outputFlags(fs, "the ids, oldest first")
-	container := fs.String("container", "", "only the checkpoints of container `REF` (id, name or id prefix; also of a container that is gone, by id prefix)")
+	var filter ckclient.Filter
+	fs.StringVar(&filter.Container, "container", "", "only the checkpoints of container `REF` (id, name or id prefix; also of a container that is gone, by id prefix)")
 	var labels labelList
 	fs.Var(&labels, "label", "only the checkpoints with label `KEY=VALUE` (repeatable: all of them)")
 	return func(ctx context.Context, cli *cli, args []string) error {
@@ -34,14 +28,21 @@ func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string)
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, records, err := cli.checkpoints(ctx)
+		cl, err := cli.connect(ctx)
 		if err != nil {
 			return err
 		}
-		defer ctrd.Close()
-		if records, err = filterRecords(ctx, ctrd, records, *container, labels.m); err != nil {
+		defer cl.Close()
+		filter.Labels = labels.m
+		tree, err := cl.Tree(ctx, filter)
+		if err != nil {
 			return err
 		}
+		var records []checkpoint.Record
+		for _, l := range tree.Lines() {
+			records = append(records, l.Record)
+		}
+		records = oldestFirst(records)
 		switch {
 		case out.quiet:
 			for _, r := range records {
@@ -49,62 +50,26 @@ func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string)
 			}
 			return nil
 		case out.json():
-			v := newViewer(ctx, ctrd, cli)
-			views := make([]checkpointView, 0, len(records))
+			v := newViewer(ctx, cl, cli)
+			views := make([]ckclient.Checkpoint, 0, len(records))
 			for _, r := range records {
 				views = append(views, v.view(r))
 			}
 			return printJSON(cli.stdout, views)
 		}
-		v := newViewer(ctx, ctrd, cli)
-		fsColumn := func(r checkpoint.Record) string { return fsSize(v.view(r)) }
-		return writeTree(cli.stdout, checkpoint.NewTree(records), fsColumn, time.Now())
+		v := newViewer(ctx, cl, cli)
+		files := func(r checkpoint.Record) string { return fsSize(v.view(r)) }
+		return lsView{tree: tree, files: files, now: time.Now()}.write(cli.stdout)
 	}
 }
 
-// filterRecords keeps the records of container ref (if not "") that carry labels.
-func filterRecords(ctx context.Context, ctrd *client.Client, records []checkpoint.Record, ref string, labels map[string]string) ([]checkpoint.Record, error) {
-	id := ""
-	if ref != "" {
-		c, err := resolveContainer(ctx, ctrd, ref)
-		switch {
-		case err == nil:
-			id = c.ID()
-		case errdefs.IsNotFound(err):
-			// A container that is gone: its checkpoints still name it.
-			if id, err = gonePrefix(records, ref); err != nil {
-				return nil, err
-			}
-		default:
-			return nil, err
-		}
-	}
-	var out []checkpoint.Record
-	for _, r := range records {
-		if (id == "" || r.Container == id) && r.HasLabels(labels) {
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
-
-// gonePrefix is the one container id among records' that starts with ref.
-func gonePrefix(records []checkpoint.Record, ref string) (string, error) {
-	ids := map[string]bool{}
-	for _, r := range records {
-		if strings.HasPrefix(r.Container, ref) {
-			ids[r.Container] = true
-		}
-	}
-	switch len(ids) {
-	case 0:
-		return "", fmt.Errorf("no container %q, and no checkpoint of a container whose id starts with it: %w", ref, errdefs.ErrNotFound)
-	case 1:
-		for id := range ids {
-			return id, nil
-		}
-	}
-	return "", fmt.Errorf("container id prefix %q is ambiguous: checkpoints of %s: %w", ref, strings.Join(slices.Sorted(maps.Keys(ids)), ", "), errdefs.ErrInvalidArgument)
+// oldestFirst sorts records by creation (the tree's lines are by parent first); the id breaks
+// ties.
+func oldestFirst(records []checkpoint.Record) []checkpoint.Record {
+	slices.SortStableFunc(records, func(a, b checkpoint.Record) int {
+		return cmp.Or(a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
+	})
+	return records
 }
 
 // labelList is a repeatable KEY=VALUE flag.
@@ -132,16 +97,19 @@ func checkpointInspectFlags(fs *flag.FlagSet) func(context.Context, *cli, []stri
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, tree, err := cli.checkpointsFor(ctx, args)
+		cl, tree, err := cli.checkpointsFor(ctx, args)
 		if err != nil {
 			return err
 		}
-		defer ctrd.Close()
-		v := newViewer(ctx, ctrd, cli)
-		var views []checkpointView
-		err = eachCheckpoint(cli, tree, args, func(n *checkpoint.Node) error {
-			views = append(views, v.view(n.Record))
-			return nil
+		defer cl.Close()
+		v := newViewer(ctx, cl, cli)
+		var views []ckclient.Checkpoint
+		err = eachCheckpoint(cli, args, func(ref string) error {
+			n, err := tree.Lookup(ref)
+			if err == nil {
+				views = append(views, v.view(n.Record))
+			}
+			return err
 		})
 		if len(views) > 0 {
 			if out.quiet {
@@ -157,37 +125,38 @@ func checkpointInspectFlags(fs *flag.FlagSet) func(context.Context, *cli, []stri
 }
 
 func checkpointRemoveFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
-	gc := fs.Bool("gc", false, "collect garbage before returning, so that the layers nothing else uses are freed now")
-	image := fs.Bool("image", false, "also remove the checkpoint's image directory (only if its cklite.json still names the checkpoint)")
+	var opts ckclient.RemoveOptions
+	fs.BoolVar(&opts.GC, "gc", false, "collect garbage before returning, so that the layers nothing else uses are freed now")
+	fs.BoolVar(&opts.ImageDir, "image", false, "also remove the checkpoint's image directory (only if its cklite.json still names the checkpoint)")
+	fs.BoolVar(&opts.Recursive, "recursive", false, "remove the checkpoint and every checkpoint below it (without it, its children move up under its parent)")
+	fs.BoolVar(&opts.Recursive, "r", false, "short for --recursive")
+	fs.BoolVar(&opts.Force, "force", false, "with -r: remove even a subtree that holds the current state of a running container")
 	out := outputFlags(fs, "the ids removed (the default)")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, tree, err := cli.checkpointsFor(ctx, args)
+		if len(args) == 0 {
+			return usageError("no checkpoint id given")
+		}
+		if opts.Force && !opts.Recursive {
+			return usageError("--force goes with -r")
+		}
+		cl, err := cli.connect(ctx)
 		if err != nil {
 			return err
 		}
-		defer ctrd.Close()
-		var opts []leases.DeleteOpt
-		if *gc {
-			opts = append(opts, leases.SynchronousDelete)
-		}
-		removed := []checkpointView{}
-		err = eachCheckpoint(cli, tree, args, func(n *checkpoint.Node) error {
-			if err := ctrd.LeasesService().Delete(ctx, leases.Lease{ID: checkpoint.LeaseID(n.ID)}, opts...); err != nil {
-				return fmt.Errorf("delete lease: %w", err)
-			}
-			removed = append(removed, checkpointView{Meta: n.Meta, ImagePath: n.ImagePath})
-			if *image {
-				if err := removeImageDir(n.Record); err != nil {
-					return fmt.Errorf("checkpoint removed, but not its image directory: %w", err)
+		defer cl.Close()
+		removed := []ckclient.Checkpoint{}
+		err = eachCheckpoint(cli, args, func(ref string) error {
+			gone, err := cl.Remove(ctx, ref, opts)
+			for _, r := range gone {
+				removed = append(removed, ckclient.Checkpoint{Meta: r.Meta, ImagePath: r.ImagePath})
+				if !out.json() {
+					fmt.Fprintln(cli.stdout, r.ID)
 				}
 			}
-			if !out.json() {
-				fmt.Fprintln(cli.stdout, n.ID)
-			}
-			return nil
+			return err
 		})
 		if out.json() {
 			if perr := printJSON(cli.stdout, removed); perr != nil {
@@ -198,117 +167,56 @@ func checkpointRemoveFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 	}
 }
 
-// checkpoints connects to containerd and reads the namespace's checkpoints, oldest first.
-func (c *cli) checkpoints(ctx context.Context) (*client.Client, context.Context, []checkpoint.Record, error) {
-	ctrd, ctx, err := c.connect(ctx)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	records, err := checkpoint.List(ctx, ctrd.LeasesService(), c.namespace)
-	if err != nil {
-		ctrd.Close()
-		return nil, nil, nil, err
-	}
-	return ctrd, ctx, records, nil
-}
-
-// checkpointsFor is checkpoints as a tree, for commands that take checkpoint ids.
-func (c *cli) checkpointsFor(ctx context.Context, ids []string) (*client.Client, context.Context, *checkpoint.Tree, error) {
+// checkpointsFor connects to containerd and reads the namespace's checkpoints, for commands
+// that take checkpoint ids.
+func (c *cli) checkpointsFor(ctx context.Context, ids []string) (*ckclient.Client, *ckclient.Tree, error) {
 	if len(ids) == 0 {
-		return nil, nil, nil, usageError("no checkpoint id given")
+		return nil, nil, usageError("no checkpoint id given")
 	}
-	ctrd, ctx, records, err := c.checkpoints(ctx)
+	cl, err := c.connect(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return ctrd, ctx, checkpoint.NewTree(records), nil
+	tree, err := cl.Tree(ctx, ckclient.Filter{})
+	if err != nil {
+		cl.Close()
+		return nil, nil, err
+	}
+	return cl, tree, nil
 }
 
-// eachCheckpoint calls do for the checkpoint of each id (or unique id prefix). An id that names
-// none, or whose do fails, is reported on stderr and the others are still done; the error then
-// says how many failed.
-func eachCheckpoint(cli *cli, tree *checkpoint.Tree, ids []string, do func(*checkpoint.Node) error) error {
+// eachCheckpoint calls do for each checkpoint ref. A ref that names none, or whose do fails, is
+// reported on stderr and the others are still done; the error then says how many failed.
+func eachCheckpoint(cli *cli, refs []string, do func(ref string) error) error {
 	failed := 0
-	for _, id := range ids {
-		n, err := tree.Lookup(id)
-		if err == nil {
-			if err = do(n); err != nil {
-				err = fmt.Errorf("checkpoint %s: %w", n.ID, err)
-			}
-		}
-		if err != nil {
-			fmt.Fprintf(cli.stderr, "cklite: %v\n", err)
+	for _, ref := range refs {
+		if err := do(ref); err != nil {
+			fmt.Fprintf(cli.stderr, "cklite: %v\n", explain(err, cli.address))
 			failed++
 		}
 	}
 	if failed > 0 {
-		return fmt.Errorf("%d of %d checkpoints failed", failed, len(ids))
+		return fmt.Errorf("%d of %d checkpoints failed", failed, len(refs))
 	}
 	return nil
 }
 
-// removeImageDir removes the image directory r recorded, but only while its metadata file still
-// names r: the directory may have been reused for another checkpoint, or may never have been
-// cklite's. A directory already gone is fine.
-func removeImageDir(r checkpoint.Record) error {
-	if r.ImagePath == "" {
-		return nil
-	}
-	if _, err := os.Stat(r.ImagePath); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	m, err := checkpoint.Read(r.ImagePath)
-	if err != nil {
-		return fmt.Errorf("left %s: %w", r.ImagePath, err)
-	}
-	if m.ID != r.ID {
-		return fmt.Errorf("left %s: it now holds checkpoint %s: %w", r.ImagePath, m.ID, errdefs.ErrFailedPrecondition)
-	}
-	return os.RemoveAll(r.ImagePath)
-}
-
-// checkpointView is a checkpoint as inspect and ls --format json print it: its record and the
-// disk usage of its frozen layer.
-type checkpointView struct {
-	checkpoint.Meta
-	ImagePath  string   `json:"imagePath,omitempty"`
-	Filesystem *fsUsage `json:"filesystem,omitempty"`
-}
-
-type fsUsage struct {
-	Bytes  int64 `json:"bytes"`
-	Inodes int64 `json:"inodes"`
-}
-
-// viewer makes checkpointViews, asking the snapshotter for the usage of each frozen layer. When
-// cklite-snapshotter is down it says so once (on stderr) and asks no more.
+// viewer describes checkpoints with the usage of their frozen layers. When cklite-snapshotter is
+// down it says so once (on stderr) and asks no more.
 type viewer struct {
 	ctx  context.Context
-	ctrd *client.Client
+	cl   *ckclient.Client
 	cli  *cli
 	down bool
 }
 
-func newViewer(ctx context.Context, ctrd *client.Client, cli *cli) *viewer {
-	return &viewer{ctx: ctx, ctrd: ctrd, cli: cli}
+func newViewer(ctx context.Context, cl *ckclient.Client, cli *cli) *viewer {
+	return &viewer{ctx: ctx, cl: cl, cli: cli}
 }
 
-// view asks the snapshotter for the usage of r's frozen layer: its own files only, not its
-// parents'. The cklite snapshotter computes it once per layer and caches it. A failure is logged
-// and leaves Filesystem unset.
-func (vw *viewer) view(r checkpoint.Record) checkpointView {
-	v := checkpointView{Meta: r.Meta, ImagePath: r.ImagePath}
-	if r.ImagePath != "" {
-		// The image directory's cklite.json is the whole record (the lease's labels leave out
-		// how CRIU dumped it).
-		if m, err := checkpoint.Read(r.ImagePath); err == nil && m.ID == r.ID {
-			v.Meta = m
-		}
-	}
-	if !r.Contents.HasFS() || r.Frozen == "" || vw.down {
-		return v
-	}
-	u, err := vw.ctrd.SnapshotService(r.Snapshotter).Usage(vw.ctx, r.Frozen)
+// view describes r; a failure to read its layer's usage is logged and leaves Filesystem unset.
+func (vw *viewer) view(r checkpoint.Record) ckclient.Checkpoint {
+	v, err := vw.cl.Describe(vw.ctx, r, !vw.down)
 	if down, ok := snapshotterDown(err, vw.cli.address); ok {
 		vw.down = true
 		fmt.Fprintf(vw.cli.stderr, "cklite: warning: %v: sizes of frozen layers unknown\n", down)
@@ -316,57 +224,17 @@ func (vw *viewer) view(r checkpoint.Record) checkpointView {
 	}
 	if err != nil {
 		log.G(vw.ctx).WithError(err).WithField("checkpoint", r.ID).Warn("usage of the frozen layer")
-		return v
 	}
-	v.Filesystem = &fsUsage{Bytes: u.Size, Inodes: u.Inodes}
 	return v
 }
 
-// fsSize is the FILESYSTEM column: "-" without a frozen layer, "?" when its usage is unknown.
-func fsSize(v checkpointView) string {
+// fsSize is the FILES column: "-" without a frozen layer, "?" when its usage is unknown.
+func fsSize(v ckclient.Checkpoint) string {
 	switch {
 	case !v.Contents.HasFS():
 		return "-"
 	case v.Filesystem == nil:
 		return "?"
 	}
-	return units.HumanSize(float64(v.Filesystem.Bytes))
-}
-
-// writeTree prints the tree as a table; fsColumn gives a checkpoint's FILESYSTEM column.
-func writeTree(w io.Writer, tree *checkpoint.Tree, fsColumn func(checkpoint.Record) string, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 4, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCONTAINER\tCONTENTS\tCREATED\tMEMORY\tFILESYSTEM\tEXPIRES\tIMAGE PATH")
-	for _, l := range tree.Lines() {
-		id := l.Indent + l.ID
-		if l.Orphan {
-			id += " (parent " + l.Parent + " gone)"
-		}
-		memory := "-"
-		if l.Contents.HasMemory() {
-			memory = units.HumanSize(float64(l.MemoryBytes))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, l.Container, l.Contents,
-			units.HumanDuration(now.Sub(l.Created))+" ago", memory, fsColumn(l.Record), expires(l.Expires, now), orDash(l.ImagePath))
-	}
-	return tw.Flush()
-}
-
-// expires is the EXPIRES column. A checkpoint past its expiry is still listed until containerd's
-// garbage collector next runs.
-func expires(at, now time.Time) string {
-	switch {
-	case at.IsZero():
-		return "never"
-	case !at.After(now):
-		return "expired"
-	}
-	return "in " + units.HumanDuration(at.Sub(now))
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
+	return size(v.Filesystem.Bytes)
 }

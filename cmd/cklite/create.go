@@ -4,30 +4,22 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
-	"github.com/containerd/containerd/api/services/tasks/v1"
-	"github.com/containerd/containerd/api/types/runc/options"
-	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
-	"github.com/containerd/typeurl/v2"
-
 	"github.com/cklite/cklite/pkg/checkpoint"
+	ckclient "github.com/cklite/cklite/pkg/client"
 )
 
 func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	fsOnly := fs.Bool("fs-only", false, "freeze the filesystem only: no CRIU, the task runs on untouched")
 	memoryOnly := fs.Bool("memory-only", false, "dump the processes only: a rollback keeps the container's current files")
-	exit := fs.Bool("exit", false, "stop the task after the checkpoint (default: it keeps running)")
-	imagePath := fs.String("image-path", "", "write the CRIU image directory to `DIR` (default: NAMESPACE/CONTAINER-TIME in containerd's checkpoints directory, see cklite paths)")
-	ttl := fs.Duration("ttl", 0, "remove the checkpoint after `DURATION` (default: the container's cklite.io/checkpoint-ttl, else the shim's default)")
-	tcp := fs.Bool("tcp", false, "checkpoint established TCP connections (CRIU's tcp-established)")
-	fileLocks := fs.Bool("file-locks", false, "checkpoint file locks")
-	name := fs.String("name", "", "name the checkpoint `NAME`, unique among the container's checkpoints; usable wherever its id is")
+	var opts ckclient.CheckpointOptions
+	fs.BoolVar(&opts.Exit, "exit", false, "stop the task after the checkpoint (default: it keeps running)")
+	fs.StringVar(&opts.ImagePath, "image-path", "", "write the CRIU image directory to `DIR` (default: NAMESPACE/CONTAINER-TIME in containerd's checkpoints directory, see cklite paths)")
+	fs.DurationVar(&opts.TTL, "ttl", 0, "remove the checkpoint after `DURATION` (default: the container's cklite.io/checkpoint-ttl, else the shim's default)")
+	fs.BoolVar(&opts.TCP, "tcp", false, "checkpoint established TCP connections (CRIU's tcp-established)")
+	fs.BoolVar(&opts.FileLocks, "file-locks", false, "checkpoint file locks")
+	fs.StringVar(&opts.Name, "name", "", "name the checkpoint `NAME`, unique among the container's checkpoints; usable wherever its id is")
 	var labels labelList
 	fs.Var(&labels, "label", "label the checkpoint `KEY=VALUE` (repeatable; checkpoint ls --label selects by them)")
 	out := outputFlags(fs, "the checkpoint's id")
@@ -38,93 +30,41 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if *fsOnly && *memoryOnly {
 			return usageError("--fs-only and --memory-only exclude each other")
 		}
-		if *ttl < 0 {
-			return usageError("--ttl %v: want a positive duration", *ttl)
+		if opts.TTL < 0 {
+			return usageError("--ttl %v: want a positive duration", opts.TTL)
 		}
-		if *name != "" {
-			if err := checkpoint.ValidateName(*name); err != nil {
+		if opts.Name != "" {
+			if err := checkpoint.ValidateName(opts.Name); err != nil {
 				return usageErr{err}
 			}
 		}
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, err := cli.connect(ctx)
-		if err != nil {
-			return err
-		}
-		defer ctrd.Close()
-		c, err := ckliteContainer(ctx, ctrd, args[0])
-		if err != nil {
-			return err
-		}
-		dir := *imagePath
-		if dir == "" {
-			inst, err := defaultPaths(ctx, ctrd)
-			if err != nil {
-				return err
-			}
-			root, err := inst.NamespaceCheckpoints(cli.namespace)
-			if err != nil {
-				return err
-			}
-			dir = filepath.Join(root, fmt.Sprintf("%s-%s", c.ID(), time.Now().UTC().Format("20060102T150405.000")))
-		}
-		if dir, err = filepath.Abs(dir); err != nil {
-			return err
-		}
-		if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-			return fmt.Errorf("image directory: %w", err)
-		}
-		request := map[string]string{}
 		switch {
 		case *fsOnly:
-			request[checkpoint.ContentsKey] = string(checkpoint.FSOnly)
+			opts.Contents = checkpoint.FSOnly
 		case *memoryOnly:
-			request[checkpoint.ContentsKey] = string(checkpoint.MemoryOnly)
+			opts.Contents = checkpoint.MemoryOnly
 		}
-		if *ttl > 0 {
-			request[checkpoint.TTLKey] = ttl.String()
-		}
-		if *name != "" {
-			if err := nameFree(ctx, ctrd, cli.namespace, c.ID(), *name); err != nil {
-				return err
-			}
-			request[checkpoint.NameKey] = *name
-		}
-		if len(labels.m) > 0 {
-			request[checkpoint.LabelsKey] = checkpoint.EncodeLabels(labels.m)
-		}
-		restore, err := setLabelsFor(ctx, c, request)
+		opts.Labels = labels.m
+		opts.Progress = progressTo(cli.stderr)
+		cl, err := cli.connect(ctx)
 		if err != nil {
 			return err
 		}
-		defer restore()
-
-		fmt.Fprintf(progressTo(cli.stderr), "checkpointing %s into %s\n", c.ID(), dir)
-		start := time.Now()
-		opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{Exit: *exit, OpenTcp: *tcp, FileLocks: *fileLocks, ImagePath: dir})
+		defer cl.Close()
+		ck, err := cl.Checkpoint(ctx, args[0], opts)
 		if err != nil {
 			return err
-		}
-		// Straight to the task service: the client's Task.Checkpoint would pause the task around
-		// it and build a checkpoint image and a rootfs diff, none of which a cklite checkpoint needs.
-		if _, err := ctrd.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: c.ID(), Options: opts}); err != nil {
-			return fmt.Errorf("checkpoint %s: %w", c.ID(), errgrpc.ToNative(err))
-		}
-		took := time.Since(start)
-		m, err := checkpoint.Read(dir)
-		if err != nil {
-			return fmt.Errorf("checkpoint of %s taken, but: %w (is its runtime io.containerd.cklite.v2?)", c.ID(), err)
 		}
 		switch {
 		case out.quiet:
-			out.ids(cli.stdout, m.ID)
+			out.ids(cli.stdout, ck.ID)
 		case out.json():
-			v := newViewer(ctx, ctrd, cli).view(checkpoint.Record{Meta: m, ImagePath: dir})
-			return printJSON(cli.stdout, createdView{checkpointView: v, TookMs: took.Milliseconds()})
+			return printJSON(cli.stdout, createdView{Checkpoint: ck.Checkpoint, TookMs: ck.Took.Milliseconds()})
 		default:
-			fmt.Fprintf(cli.stdout, "checkpoint %s (%s) of %s in %s\n", m.ID, m.Contents, c.ID(), took.Round(time.Millisecond))
+			fmt.Fprintf(cli.stdout, "checkpoint %s (%s) of %s in %s\n", ck.ID, ck.Contents, ck.Container, ck.Took.Round(time.Millisecond))
 		}
 		return nil
 	}
@@ -133,90 +73,6 @@ func checkpointCreateFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 // createdView is what checkpoint create --format json prints: the checkpoint, as inspect prints
 // it, and how long it took.
 type createdView struct {
-	checkpointView
+	ckclient.Checkpoint
 	TookMs int64 `json:"tookMs"`
-}
-
-// nameFree refuses name when another checkpoint of container id has it.
-func nameFree(ctx context.Context, ctrd *client.Client, namespace, id, name string) error {
-	records, err := checkpoint.List(ctx, ctrd.LeasesService(), namespace)
-	if err != nil {
-		return err
-	}
-	for _, r := range records {
-		if r.Container == id && r.Name == name {
-			return fmt.Errorf("container %s has a checkpoint named %s already (%s): %w", id, name, r.ID, errdefs.ErrAlreadyExists)
-		}
-	}
-	return nil
-}
-
-// ckliteContainer loads the container ref names (id, nerdctl name or unique id prefix) and refuses
-// it, before anything is asked of its task, unless it runs on cklite's runtime.
-func ckliteContainer(ctx context.Context, ctrd *client.Client, ref string) (client.Container, error) {
-	c, err := resolveContainer(ctx, ctrd, ref)
-	if err != nil {
-		return nil, err
-	}
-	id := c.ID()
-	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
-	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", id, err)
-	}
-	if err := checkpoint.CheckRuntime(id, info.Runtime.Name); err != nil {
-		// Under the runc name by path (docs/architecture.md) the record does not say which shim
-		// runs the task: the task's init, whose parent is its shim, does.
-		if shim := shimBinary(ctx, c); shim != "" && checkpoint.CheckRuntime(id, shim) == nil {
-			return c, nil
-		}
-		return nil, err
-	}
-	return c, nil
-}
-
-// shimBinary is the path of the binary of the shim running c's task, or "" when that cannot be
-// told: no task, or its init not in this PID namespace. A shim is the parent of its task's init
-// (a child subreaper, also of a restored one).
-func shimBinary(ctx context.Context, c client.Container) string {
-	task, err := c.Task(ctx, nil)
-	if err != nil || task.Pid() == 0 {
-		return ""
-	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", task.Pid()))
-	if err != nil {
-		return ""
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if ppid, ok := strings.CutPrefix(line, "PPid:"); ok {
-			exe, err := os.Readlink(fmt.Sprintf("/proc/%s/exe", strings.TrimSpace(ppid)))
-			if err != nil {
-				return ""
-			}
-			return strings.TrimSuffix(exe, " (deleted)")
-		}
-	}
-	return ""
-}
-
-// setLabelsFor sets labels on c for the one checkpoint the shim reads them for, and returns what
-// puts the previous values back. The task API's checkpoint options (containerd's runc type, the
-// only one the daemon passes on) have no field for what cklite asks: labels do.
-func setLabelsFor(ctx context.Context, c client.Container, labels map[string]string) (func(), error) {
-	if len(labels) == 0 {
-		return func() {}, nil
-	}
-	old, err := c.Labels(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := c.SetLabels(ctx, labels); err != nil {
-		return nil, fmt.Errorf("label %s for the checkpoint: %w", c.ID(), err)
-	}
-	return func() {
-		back := map[string]string{}
-		for k := range labels {
-			back[k] = old[k] // "" removes a label that was not there
-		}
-		_, _ = c.SetLabels(context.WithoutCancel(ctx), back)
-	}, nil
 }

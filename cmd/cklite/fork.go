@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/fork"
 )
 
@@ -47,12 +46,16 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			}
 			opts.LogDir = dir
 		}
-		ctrd, ctx, records, err := cli.checkpoints(ctx)
+		cl, err := cli.connect(ctx)
 		if err != nil {
 			return err
 		}
-		defer ctrd.Close()
-		src, err := forkSource(checkpoint.NewTree(records), args, *imagePath)
+		defer cl.Close()
+		ref := ""
+		if len(args) == 1 {
+			ref = args[0]
+		}
+		src, err := cl.Source(ctx, ref, *imagePath)
 		if err != nil {
 			return err
 		}
@@ -69,7 +72,7 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			}
 			fmt.Fprintf(human, "  %s (%s) running, restored in %s\n", f.Name, f.ID[:12], f.Took.Round(time.Millisecond))
 		}
-		rep, err := fork.Run(ctx, ctrd, src, opts)
+		rep, err := cl.Fork(ctx, src, opts)
 		if perr := printForks(cli, out, src.Checkpoint, rep); perr != nil {
 			return perr
 		}
@@ -90,27 +93,6 @@ func forkFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			forks(len(rep.Forks)), rep.Took.Round(time.Millisecond), (rep.Took / time.Duration(len(rep.Forks))).Round(time.Millisecond))
 		return nil
 	}
-}
-
-// forkSource is the checkpoint args name, with its images in imagePath or where it recorded
-// them; or, without args, the checkpoint whose images are in imagePath, which must still exist:
-// its lease is what keeps its frozen layer.
-func forkSource(tree *checkpoint.Tree, args []string, imagePath string) (fork.Source, error) {
-	if len(args) == 0 {
-		src, err := fork.FromImageDir(imagePath)
-		if err != nil {
-			return fork.Source{}, err
-		}
-		if _, err := tree.Lookup(src.Checkpoint.ID); err != nil {
-			return fork.Source{}, fmt.Errorf("the checkpoint of %s: %w", imagePath, err)
-		}
-		return src, nil
-	}
-	n, err := tree.Lookup(args[0])
-	if err != nil {
-		return fork.Source{}, err
-	}
-	return fork.SourceOf(n.Record, imagePath)
 }
 
 func forkNames(forks []fork.Fork) []string {

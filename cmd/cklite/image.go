@@ -43,7 +43,7 @@ func imageBuildFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) err
 		}
 		progress := progressTo(cli.stderr)
 		built := []builtImage{}
-		ctrd, ctx, err := cli.connect(ctx)
+		ctrd, ctx, err := cli.containerd(ctx)
 		if err != nil {
 			return err
 		}

@@ -7,11 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/platforms"
-
-	"github.com/cklite/cklite/pkg/checkpoint"
-	"github.com/cklite/cklite/pkg/ckimage"
+	ckclient "github.com/cklite/cklite/pkg/client"
 )
 
 func checkpointImportFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
@@ -24,52 +20,34 @@ func checkpointImportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, err := cli.connect(ctx)
+		cl, err := cli.connect(ctx)
 		if err != nil {
 			return err
 		}
-		defer ctrd.Close()
+		defer cl.Close()
 		f, err := os.Open(args[0])
 		if err != nil {
 			return err
 		}
 		defer f.Close()
 		start := time.Now()
-		imgs, err := ctrd.Import(ctx, f, client.WithImportPlatform(platforms.DefaultStrict()))
-		if err != nil {
-			return fmt.Errorf("import %s: %w", args[0], err)
-		}
-		res := []imported{}
-		for _, i := range imgs {
+		res, err := cl.Import(ctx, f, ckclient.ImportOptions{Snapshotter: *snapshotter})
+		for _, r := range res {
 			// An archive of anything else is imported all the same, but said so.
-			r := imported{Image: i.Name, Digest: i.Target.Digest.String()}
-			if _, err := ckimage.Find(ctx, ctrd.ContentStore(), i.Name, i.Target, platforms.Default()); err != nil {
-				fmt.Fprintf(cli.stderr, "cklite: warning: %v\n", err)
-			} else if m, err := checkpoint.FromImage(ctx, ctrd.ContentStore(), i.Target); err == nil {
-				r.Checkpoint, r.CheckpointName = m.ID, m.Name
-			}
-			res = append(res, r)
-			if *snapshotter != "" {
-				if err := client.NewImage(ctrd, i).Unpack(ctx, *snapshotter); err != nil {
-					return fmt.Errorf("unpack %s into %s: %w", i.Name, *snapshotter, err)
-				}
+			if r.NotCheckpoint != nil {
+				fmt.Fprintf(cli.stderr, "cklite: warning: %v\n", r.NotCheckpoint)
 			}
 			if !out.json() {
-				fmt.Fprintln(cli.stdout, i.Name)
+				fmt.Fprintln(cli.stdout, r.Image)
 			}
 		}
-		fmt.Fprintf(progressTo(cli.stderr), "imported %d image(s) in %.1fs\n", len(imgs), time.Since(start).Seconds())
+		if err != nil {
+			return fmt.Errorf("%s: %w", args[0], err)
+		}
+		fmt.Fprintf(progressTo(cli.stderr), "imported %d image(s) in %.1fs\n", len(res), time.Since(start).Seconds())
 		if out.json() {
 			return printJSON(cli.stdout, res)
 		}
 		return nil
 	}
-}
-
-// imported is one image as checkpoint import --format json prints it.
-type imported struct {
-	Image          string `json:"image"`
-	Digest         string `json:"digest"`
-	Checkpoint     string `json:"checkpoint,omitempty"` // "" for an image that holds no checkpoint
-	CheckpointName string `json:"checkpointName,omitempty"`
 }

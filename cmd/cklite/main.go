@@ -1,11 +1,14 @@
 // Command cklite says and does what containerd's own tools cannot about cklite checkpoints: the
 // tree of a namespace's checkpoints, their removal, forking one into many containers, and
 // packing one as an OCI image that restores wherever it is pulled (pkg/ckimage).
-// Checkpoints are taken and restored with the stock tools (ctr, nerdctl, the Go client, CRI).
+// Checkpoints are taken and restored with the stock tools (ctr, nerdctl, the Go client, CRI) or
+// with cklite itself. The commands are flags and output around pkg/client, cklite's Go client,
+// which does the work.
 //
-//	cklite checkpoint ls                           # the tree, with sizes and expiry
+//	cklite checkpoint ls                           # the tree, sizes, each container's current node
 //	cklite checkpoint inspect 5661a3               # JSON; any unique id prefix
 //	cklite checkpoint rm --gc --image 5661a3       # free the layers now, remove the image directory
+//	cklite checkpoint rm -r 5661a3                 # and every checkpoint below it
 //	cklite -n k8s.io fork -n 8 --log-dir /tmp/forks 5661a3
 //	cklite -n k8s.io checkpoint export --ref reg/app:ck1 ckpt.tar # the kubelet's archive → an image
 package main
@@ -26,6 +29,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	ckclient "github.com/cklite/cklite/pkg/client"
 )
 
 // command is one cklite command: its words on the command line and what runs it.
@@ -42,11 +47,11 @@ type command struct {
 var commands = []command{
 	{name: "checkpoint ls", aliases: []string{"checkpoint list"}, summary: "List the namespace's checkpoints as a tree, children under the checkpoint they were taken on.", flags: checkpointListFlags},
 	{name: "checkpoint inspect", args: "CHECKPOINT...", summary: "Print checkpoints as JSON, with the size of their frozen layer. A CHECKPOINT is an id, a name, a unique id prefix or KEY=VALUE.", flags: checkpointInspectFlags},
-	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "CHECKPOINT...", summary: "Remove checkpoints: their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
+	{name: "checkpoint rm", aliases: []string{"checkpoint remove"}, args: "CHECKPOINT...", summary: "Remove checkpoints (-r: with all below them): their leases go, and containerd's garbage collector frees the layers nothing else uses.", flags: checkpointRemoveFlags},
 	{name: "checkpoint create", args: "CONTAINER", summary: "Checkpoint a container (id, name or unique id prefix): memory and filesystem, or either alone. Prints the checkpoint's id (-q: alone).", flags: checkpointCreateFlags},
 	{name: "checkpoint export", args: "CHECKPOINT|DIR|ARCHIVE", summary: "Make a checkpoint (id, CRIU image directory or CRI checkpoint archive) an OCI image that a cklite container restores from.", flags: checkpointExportFlags},
 	{name: "checkpoint import", args: "FILE", summary: "Import a checkpoint image from an OCI archive (what export -o writes).", flags: checkpointImportFlags},
-	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds).", flags: checkpointPruneFlags},
+	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds; --orphaned: also those of gone containers nothing descends from).", flags: checkpointPruneFlags},
 	{name: "rollback", args: "CONTAINER [CHECKPOINT]", summary: "Roll a running container back to a checkpoint in place: same task, stdio and network namespace.", flags: rollbackFlags},
 	{name: "fork", args: "[CHECKPOINT]", summary: "Restore one checkpoint into N new containers, all running at once.", flags: forkFlags},
 	{name: "setup", summary: "Write the configuration of containerd, cklite-snapshotter, the shim and nerdctl for a cklite instance under one directory (docs/configuration.md).", flags: setupFlags},
@@ -64,17 +69,22 @@ type cli struct {
 	stderr    io.Writer
 }
 
-// connect returns a client of containerd and ctx in the namespace of the global options.
-func (c *cli) connect(ctx context.Context) (*client.Client, context.Context, error) {
-	// The client would retry a missing socket until its 10 s timeout.
-	if _, err := os.Stat(strings.TrimPrefix(c.address, "unix://")); err != nil {
-		return nil, nil, fmt.Errorf("containerd's socket: %w (is containerd running? --address)", err)
-	}
-	ctrd, err := client.New(c.address, client.WithDefaultNamespace(c.namespace))
+// connect returns cklite's client of the containerd and namespace of the global options.
+func (c *cli) connect(context.Context) (*ckclient.Client, error) {
+	cl, err := ckclient.New(c.address, c.namespace)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to containerd at %s: %w", c.address, err)
+		return nil, fmt.Errorf("%w (--address)", err)
 	}
-	return ctrd, namespaces.WithNamespace(ctx, c.namespace), nil
+	return cl, nil
+}
+
+// containerd returns a client of containerd and ctx in the namespace of the global options.
+func (c *cli) containerd(ctx context.Context) (*client.Client, context.Context, error) {
+	cl, err := c.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl.Containerd(), namespaces.WithNamespace(ctx, c.namespace), nil
 }
 
 func main() {

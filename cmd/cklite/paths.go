@@ -5,23 +5,8 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/containerd/containerd/v2/client"
-
 	"github.com/cklite/cklite/pkg/config"
-	"github.com/cklite/cklite/pkg/paths"
 )
-
-// defaultPaths is where cklite keeps the state of the containerd ctrd talks to: the state
-// directory of the shim's configuration (which the CLI reads as the shim does), in the directory
-// of that containerd instance (pkg/paths). Every default path of the CLI comes from here, so that
-// it agrees with the shims of the same containerd.
-func defaultPaths(ctx context.Context, ctrd *client.Client) (paths.Instance, error) {
-	cfg, err := config.LoadShim()
-	if err != nil {
-		return paths.Instance{}, err
-	}
-	return paths.ForContainerd(ctx, cfg.StateDir, ctrd.IntrospectionService())
-}
 
 // pathsReport is what `cklite paths` prints.
 type pathsReport struct {
@@ -42,12 +27,12 @@ func pathsFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		if err := out.check(); err != nil {
 			return err
 		}
-		ctrd, ctx, err := cli.connect(ctx)
+		cl, err := cli.connect(ctx)
 		if err != nil {
 			return err
 		}
-		defer ctrd.Close()
-		inst, err := defaultPaths(ctx, ctrd)
+		defer cl.Close()
+		inst, err := cl.Paths(ctx)
 		if err != nil {
 			return err
 		}

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"time"
 
-	"github.com/containerd/containerd/v2/client"
-
 	"github.com/cklite/cklite/pkg/checkpoint"
+	ckclient "github.com/cklite/cklite/pkg/client"
 	"github.com/cklite/cklite/pkg/fork"
 )
 
@@ -20,28 +18,19 @@ type rolledBack struct {
 	TookMs         int64  `json:"tookMs"`
 }
 
-// printRollback prints the rollback of c to checkpoint m, which took took, as out asks.
-func printRollback(ctx context.Context, cli *cli, out *output, c client.Container, m checkpoint.Meta, took time.Duration) error {
+// printRollback prints rollback rb as out asks.
+func printRollback(cli *cli, out *output, rb ckclient.RolledBack) error {
 	switch {
 	case out.quiet:
-		out.ids(cli.stdout, c.ID())
+		out.ids(cli.stdout, rb.Container)
 	case out.json():
 		return printJSON(cli.stdout, rolledBack{
-			Container: c.ID(), ContainerName: containerName(ctx, c), Checkpoint: m.ID, CheckpointName: m.Name, TookMs: took.Milliseconds(),
+			Container: rb.Container, ContainerName: rb.ContainerName, Checkpoint: rb.Checkpoint.ID, CheckpointName: rb.Checkpoint.Name, TookMs: rb.Took.Milliseconds(),
 		})
 	default:
-		fmt.Fprintf(cli.stdout, "%s rolled back to %s in %s\n", c.ID(), m.ID, took.Round(time.Millisecond))
+		fmt.Fprintf(cli.stdout, "%s rolled back to %s in %s\n", rb.Container, rb.Checkpoint.ID, rb.Took.Round(time.Millisecond))
 	}
 	return nil
-}
-
-// containerName is c's nerdctl name, or "".
-func containerName(ctx context.Context, c client.Container) string {
-	labels, err := c.Labels(ctx)
-	if err != nil {
-		return ""
-	}
-	return labels[nerdctlNameLabel]
 }
 
 // forked is one fork as fork --format json prints it: a fork running, or one that failed (and was

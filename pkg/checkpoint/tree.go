@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -14,6 +15,9 @@ type Node struct {
 	// checkpoint names it any more.
 	Orphan   bool
 	Children []*Node
+	// Current are the containers whose state is this checkpoint (SetCurrent): the checkpoint
+	// they last took, or were restored, forked or rolled back to.
+	Current []string
 }
 
 // Tree is the checkpoints of a namespace arranged by Parent, each level oldest first.
@@ -99,4 +103,28 @@ func (t *Tree) Lines() []Line {
 		walk(r, "", "")
 	}
 	return out
+}
+
+// SetCurrent marks each container's current node: the first checkpoint of its lineage (the
+// container label LineageKey, keyed here by container id), which the shim sets to the checkpoint
+// the container last took or was restored, forked or rolled back to. A container whose current
+// checkpoint is not in the tree (removed, or filtered out) marks nothing.
+func (t *Tree) SetCurrent(lineages map[string]Lineage) {
+	for _, id := range slices.Sorted(maps.Keys(lineages)) {
+		if l := lineages[id]; len(l) > 0 {
+			if n, ok := t.byID[l[0]]; ok {
+				n.Current = append(n.Current, id)
+			}
+		}
+	}
+}
+
+// Subtree is n and its descendants, children before their parents: the order in which a
+// removal that stops half way still leaves a tree whose every node has its ancestors.
+func (n *Node) Subtree() []*Node {
+	var out []*Node
+	for _, c := range n.Children {
+		out = append(out, c.Subtree()...)
+	}
+	return append(out, n)
 }

@@ -1,4 +1,4 @@
-package main
+package client
 
 import (
 	"strings"
@@ -12,7 +12,7 @@ func TestPickContainer(t *testing.T) {
 	named := func(id, name string) containers.Container {
 		c := containers.Container{ID: id}
 		if name != "" {
-			c.Labels = map[string]string{nerdctlNameLabel: name}
+			c.Labels = map[string]string{NerdctlNameLabel: name}
 		}
 		return c
 	}
