@@ -47,7 +47,7 @@ func TestCheckpointLeavesTaskRunning(t *testing.T) {
 	wants := map[int]map[string]string{}
 	for i := 1; i <= 10; i++ {
 		changeFiles(t, rootfs, i)
-		ids[i], wants[i] = e.cliCheckpoint(t, c.ID(), fmt.Sprint("leave-", i)), treeFiles(t, rootfs)
+		ids[i], wants[i] = e.timedCheckpoint(t, c.ID(), fmt.Sprint("leave-", i)), treeFiles(t, rootfs)
 		same(fmt.Sprintf("after checkpoint %d", i))
 		if i == 5 {
 			e.snapshotterGone(t, task, func() { same("after a checkpoint without cklite-snapshotter") })
@@ -242,7 +242,7 @@ func TestCheckpointSwitchRule(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rootfs, "big"), big, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	first := e.cliCheckpoint(t, c.ID(), "switch-1")
+	first := e.timedCheckpoint(t, c.ID(), "switch-1")
 	task = e.taskOf(t, c)
 	if task.Pid() == pid || rootMountID(t, task.Pid()) == mnt {
 		t.Fatalf("after a checkpoint of 70 MiB written, init %d on mount %s (was %d on %s): want the in-place cycle", task.Pid(), rootMountID(t, task.Pid()), pid, mnt)
@@ -251,7 +251,7 @@ func TestCheckpointSwitchRule(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rootfs, "small"), []byte("small"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	second := e.cliCheckpoint(t, c.ID(), "switch-2")
+	second := e.timedCheckpoint(t, c.ID(), "switch-2")
 	if task := e.taskOf(t, c); task.Pid() != pid || rootMountID(t, pid) != mnt {
 		t.Fatalf("after a small checkpoint following a switch, init %d (was %d): want it left running", task.Pid(), pid)
 	}
@@ -269,9 +269,9 @@ func TestCheckpointSwitchRule(t *testing.T) {
 	}
 }
 
-// cliCheckpoint takes a leave-running checkpoint of container id with cklite into a new image
+// timedCheckpoint takes a leave-running checkpoint of container id with cklite into a new image
 // directory and returns its id.
-func (e *ckEnv) cliCheckpoint(t *testing.T, id, dir string) string {
+func (e *ckEnv) timedCheckpoint(t *testing.T, id, dir string) string {
 	t.Helper()
 	start := time.Now()
 	out := cklite(t, e.d, "checkpoint", "create", "--image-path", checkpointDir(t, e.d, dir), id)
