@@ -28,8 +28,8 @@ func TestCheckpointNetwork(t *testing.T) {
 	mustNerdctl(t, e.d, "checkpoint", "create", "--leave-running", name, "net1")
 	waitForStatus(t, e.d, name, "running")
 	after := readNetState(t, e, name)
-	if after.pid == before.pid {
-		t.Fatalf("init has pid %d before and after the checkpoint: it was not dumped and restored", after.pid)
+	if after.pid != before.pid {
+		t.Fatalf("init had pid %d before the checkpoint, %d after: a leave-running checkpoint restored it", before.pid, after.pid)
 	}
 	if after.netns != before.netns || after.ip != before.ip || !after.loUp {
 		t.Fatalf("a leave-running checkpoint changed the network: before %+v, after %+v", before, after)

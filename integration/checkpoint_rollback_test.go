@@ -282,30 +282,38 @@ func pidOf(t *testing.T, e *ckEnv, task client.Task) uint32 {
 
 // TestCheckpointTTL: cklite.io/checkpoint-ttl gives a checkpoint an expiry that containerd's
 // collector enforces: once expired its lease is gone, but its frozen layer stays while the
-// container's rootfs is stacked on it, and goes with the container.
+// container's rootfs is stacked on it (after a rollback to it), and goes with the container. The
+// layer of a checkpoint that left the task running goes with its lease: the container runs on its
+// own upper, nothing stands on that layer.
 func TestCheckpointTTL(t *testing.T) {
 	e := newCkEnv(t)
 	const id = "ttl"
-	c := e.newContainer(t, id, e.img, counterSpec, oci.WithAnnotations(map[string]string{checkpoint.TTLKey: "2s"}))
+	c := e.newContainer(t, id, e.img, counterSpec, oci.WithAnnotations(map[string]string{checkpoint.TTLKey: "5s"}))
 	task, err := startTask(e.ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := e.checkpointTo(t, task, checkpointDir(t, e.d, id), nil)
-	if d := m.Expires.Sub(m.Created); d != 2*time.Second {
-		t.Fatalf("checkpoint %s expires %v after its creation, want 2s", m.ID, d)
+	dir := checkpointDir(t, e.d, id)
+	m := e.checkpointTo(t, task, dir, nil)
+	if d := m.Expires.Sub(m.Created); d != 5*time.Second {
+		t.Fatalf("checkpoint %s expires %v after its creation, want 5s", m.ID, d)
 	}
 	e.record(t, m.ID) // listed until it expires
+	task = e.rollback(t, c, dir)
+	after := e.checkpointTo(t, task, checkpointDir(t, e.d, id+"-after"), nil)
 
-	time.Sleep(time.Until(m.Expires) + time.Second)
+	time.Sleep(time.Until(after.Expires) + time.Second)
 	e.collectGarbage(t)
 	for _, r := range e.records(t) {
-		if r.ID == m.ID {
-			t.Fatalf("checkpoint %s is still listed after its expiry and a garbage collection", m.ID)
+		if r.ID == m.ID || r.ID == after.ID {
+			t.Fatalf("checkpoint %s is still listed after its expiry and a garbage collection", r.ID)
 		}
 	}
 	if _, err := e.sn.Stat(e.ctx, m.Frozen); err != nil {
 		t.Fatalf("the expired checkpoint's layer went while the container's rootfs is stacked on it: %v", err)
+	}
+	if _, err := e.sn.Stat(e.ctx, after.Frozen); !errdefs.IsNotFound(err) {
+		t.Fatalf("the layer of an expired checkpoint that nothing stands on outlives it: %v", err)
 	}
 	e.deleteTask(t, c)
 	if err := c.Delete(e.ctx, client.WithSnapshotCleanup); err != nil {

@@ -20,12 +20,12 @@ import (
 	"github.com/cklite/cklite/integration/workload"
 )
 
-// TestShimKilledMidCheckpoint kills the shim with SIGKILL while CRIU works on a leave-running
-// checkpoint: once during the dump (CRIU holds the task's processes, the cgroup is frozen) and
-// once during the restore in place. Each time no CRIU process may outlive the shim, containerd's
-// cleanup (`shim delete`) must leave nothing behind (no libcontainer state, no CRIU cgroup
-// mounts in the bundle, no cgroup), and a new task of the same container must start and run,
-// not frozen (issue 16 items 2, 3 and 7).
+// TestShimKilledMidCheckpoint kills the shim with SIGKILL while CRIU works: during the dump of a
+// leave-running checkpoint (CRIU holds the task's processes, the cgroup is frozen) and during the
+// restore of an in-place rollback (a leave-running checkpoint restores nothing since issue 15).
+// Each time no CRIU process may outlive the shim, containerd's cleanup (`shim delete`) must leave
+// nothing behind (no libcontainer state, no CRIU cgroup mounts in the bundle, no cgroup), and a
+// new task of the same container must start and run, not frozen (issue 16 items 2, 3 and 7).
 func TestShimKilledMidCheckpoint(t *testing.T) {
 	e := newCkEnv(t)
 	for round, log := range []string{"dump.log", "restore.log"} {
@@ -39,14 +39,22 @@ func TestShimKilledMidCheckpoint(t *testing.T) {
 			}
 			shim := shims[0]
 			done := make(chan error, 1)
-			go func() { done <- e.checkpointErr(task, checkpointDir(t, e.d, id), nil) }()
+			if log == "dump.log" {
+				go func() { done <- e.checkpointErr(task, checkpointDir(t, e.d, id), nil) }()
+			} else {
+				m := e.checkpointTo(t, task, checkpointDir(t, e.d, id), nil)
+				go func() {
+					_, err := e.d.Cklite(e.ctx, "rollback", id, m.ID)
+					done <- err
+				}()
+			}
 			criu, cwd := waitForCRIU(t, shim, log, task.Pid(), done)
 			if err := unix.Kill(shim, unix.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("killed shim %d while CRIU %d ran in %s", shim, criu, cwd)
 			if err := <-done; err == nil {
-				t.Fatal("the checkpoint succeeded although its shim was killed")
+				t.Fatal("the checkpoint or rollback succeeded although its shim was killed")
 			}
 			eventually(t, fmt.Sprintf("CRIU %d to end with its shim", criu), func() error {
 				if criuAlive(criu) {

@@ -112,8 +112,11 @@ func withoutLabel(labels []string, key string) []string {
 // in every checkpoint's path): its own network namespace named so that the dump leaves it out as
 // external, and exactly options given to CRIU through WithCRIUOptions. Options an earlier restore
 // or dump was given go: with leave-stopped, a dump would leave the processes stopped instead of
-// ending them.
+// ending them. It first waits for init to exec the user's program (waitUserExec): a caller that
+// freezes the cgroup before the dump (a leave-running checkpoint) would otherwise freeze an init
+// that still runs the shim's binary, which CRIU cannot dump.
 func (c *Container) PrepareDump(dir string, options ...string) error {
+	c.waitUserExec(execWaitLimit)
 	cfg := c.lc.Config()
 	changed, err := nameNetNS(&cfg, c.InitPid())
 	if err != nil {

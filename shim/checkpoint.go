@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,16 +22,16 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/runtime"
-	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // ckliteVersion is written into every checkpoint's metadata.
 const ckliteVersion = "cklite/1"
 
-// Checkpoint the container: a CRIU dump and, in the same frozen instant, its rootfs upper frozen
+// Checkpoint the container: a CRIU dump and, in the same frozen instant, its rootfs upper captured
 // into an immutable layer (both or neither). Leaving the task running (what every client gets
-// unless it asks to exit) is dump, freeze, restore in place: the processes come back on a fresh
-// upper stacked on the frozen layer, paused again if they were.
+// unless it asks to exit) never stops it (capture.go); past the switch rule, it is dump, freeze,
+// restore in place (inplace.go). With Exit the dump kills it; its upper is captured after a
+// previous capture, frozen as it is otherwise.
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
 	c, err := s.get(r.ID)
 	if err != nil {
@@ -162,66 +163,61 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	}
 	meta.Snapshotter = rs.snapshotter
 	meta.Frozen = checkpoint.FrozenName(meta.ID)
-	if meta.Parent, err = parentCheckpoint(ctx, sn, rs.key); err != nil {
+	switch {
+	case contents == checkpoint.FSOnly:
+		return ck.filesystemOnly(ctx, sn, rs.key, meta)
+	case ck.opts.Exit && c.captured == nil:
+		// The task ends: the upper, whatever its size, is frozen as it is in O(1), on the layer
+		// it is stacked on.
+		return ck.withRootfs(ctx, sn, rs.key, meta)
+	}
+	// With Exit after a capture, what changed since that capture: the chain stays one delta per
+	// checkpoint. The switch rule cannot apply then (the task is gone after the dump).
+	err = ck.captureRootfs(ctx, sn, rs.key, meta, ck.dump, !ck.opts.Exit)
+	if !errors.Is(err, errSwitch) {
 		return err
 	}
-	if contents == checkpoint.FSOnly {
-		return ck.filesystemOnly(ctx, sn, rs.key, meta)
+	log.G(ctx).WithError(err).WithField("id", meta.ID).Info("checkpoint: switching the upper instead of capturing it")
+	if err := clearDump(ck.path); err != nil {
+		return err
 	}
 	return ck.withRootfs(ctx, sn, rs.key, meta)
 }
 
-// filesystemOnly freezes a copy of the rootfs upper without CRIU: the task is frozen in its
-// cgroup for the copy (unless the client paused it already) and runs on, on its own upper,
-// afterwards; with Exit it is killed once the copy is recorded.
-func (ck *checkpointRun) filesystemOnly(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
-	c := ck.c
-	pause := !c.engine().Paused()
-	if pause {
-		if err := c.engine().Pause(); err != nil {
-			return err
-		}
-	}
-	start := time.Now()
-	err := ck.copyRootfs(ctx, sn, key, meta)
-	copied := time.Since(start)
-	if pause {
-		if rerr := c.engine().Resume(); rerr != nil && err == nil {
-			err = fmt.Errorf("resume the task after its filesystem-only checkpoint: %w", rerr)
-		}
-	}
-	if err != nil {
-		return err
-	}
-	log.G(ctx).WithFields(log.Fields{"id": meta.ID, "copy": copied}).Info("filesystem-only checkpoint")
-	if ck.opts.Exit {
-		return c.engine().Signal(unix.SIGKILL, true)
+// dump is CRIU's dump of the frozen task, which leaves it frozen, or with Exit kills it.
+func (ck *checkpointRun) dump() error {
+	if err := ck.c.engine().Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
+		return keepDumpLog(ck.c.bundle, ck.work, err)
 	}
 	return nil
 }
 
-// copyRootfs freezes a copy of key's upper as the checkpoint's layer and records it; a copy that
-// cannot be recorded is removed again.
-func (ck *checkpointRun) copyRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
-	if err := freeze.Copy(ctx, sn, nil, key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID}); err != nil {
+// filesystemOnly captures the rootfs without CRIU while the task is frozen (captureRootfs);
+// with Exit it is killed once the capture is recorded.
+func (ck *checkpointRun) filesystemOnly(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
+	if err := ck.captureRootfs(ctx, sn, key, meta, nil, false); err != nil {
 		return err
 	}
-	if err := ck.record(ctx, meta); err != nil {
-		if rerr := sn.Remove(context.WithoutCancel(ctx), meta.Frozen); rerr != nil {
-			log.G(ctx).WithError(rerr).WithField("frozen", meta.Frozen).Warn("remove the unrecorded copy")
-		}
-		return err
+	if ck.opts.Exit {
+		return ck.c.engine().Signal(unix.SIGKILL, true)
 	}
 	return nil
 }
 
 // withRootfs dumps the processes (CRIU kills them), freezes the unmounted rootfs, records the
 // checkpoint, then restores the processes on the new upper unless the client asked to exit: the
-// in-place cycle (inplace.go). Whatever fails, the container ends up running on an intact
+// in-place cycle (inplace.go), for a checkpoint that exits or one past the switch rule
+// (capture.go). Whatever fails, the container ends up running on an intact
 // filesystem, or, if even the restore of the dump fails, stopped with an exit containerd sees;
 // no half checkpoint is recorded.
 func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
 	c := ck.c
+	var err error
+	// The upper becomes the layer, stacked where it is: its parent is the checkpoint of key's
+	// parent, even when captures were taken since (they are its siblings).
+	if meta.Parent, err = parentCheckpoint(ctx, sn, key); err != nil {
+		return err
+	}
 	ip := &inPlace{
 		s: ck.s, c: c, what: "checkpoint", sn: sn, key: key,
 		dump:    meta.Dump,
@@ -232,18 +228,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 			}
 			return nil
 		},
-		switchRootfs: func(ctx context.Context) error {
-			if err := freeze.Freeze(ctx, sn, nil, key, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID}); err != nil {
-				return err
-			}
-			if err := ck.record(ctx, meta); err != nil {
-				// Unfreezing is not possible; the layer stays in the chain, unrecorded, and
-				// the collector frees it with the container.
-				log.G(ctx).WithError(err).WithField("frozen", meta.Frozen).Warn("checkpoint not recorded")
-				return err
-			}
-			return nil
-		},
+		switchRootfs:  func(ctx context.Context) error { return ck.freezeRecorded(ctx, sn, key, meta) },
 		restoreAnyway: true,
 		exit:          ck.opts.Exit,
 	}
@@ -260,6 +245,31 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 	}
 	log.G(ctx).WithField("id", meta.ID).Info("checkpoint taken")
 	return nil
+}
+
+// freezeRecorded freezes key's upper as the checkpoint's layer and prepares key again on it, as
+// freeze.Freeze does, with the checkpoint recorded in between: containerd's Commit consumes the
+// key (there is no O(1) commit that keeps it), and a crash before the Prepare leaves the container
+// without its key, but its files in a recorded checkpoint, which a rollback switches it to (a
+// crash before the record leaves them under the work lease only, which expires).
+func (ck *checkpointRun) freezeRecorded(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
+	info, err := sn.Stat(ctx, key)
+	if err != nil {
+		return fmt.Errorf("freezing %s: %w", key, err)
+	}
+	if err := sn.Commit(ctx, meta.Frozen, key, snapshots.WithLabels(map[string]string{checkpoint.LabelID: meta.ID})); err != nil {
+		return fmt.Errorf("freezing %s as %s: %w", key, meta.Frozen, err)
+	}
+	recErr := ck.record(ctx, meta)
+	if recErr != nil {
+		// Unfreezing is not possible; the layer stays in the chain, unrecorded, and the
+		// collector frees it with the container.
+		log.G(ctx).WithError(recErr).WithField("frozen", meta.Frozen).Warn("checkpoint not recorded")
+	}
+	if _, err := sn.Prepare(ctx, key, meta.Frozen, snapshots.WithLabels(info.Labels)); err != nil {
+		return fmt.Errorf("froze %s as %s, but preparing %s again on it failed: %w", key, meta.Frozen, key, err)
+	}
+	return recErr
 }
 
 // criuOpts are the engine's options for this checkpoint's dump (exit: its processes end) or for

@@ -21,12 +21,16 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
 	"github.com/cklite/cklite/runtime"
+	"github.com/cklite/cklite/snapshotter/capture"
 )
 
 // container is one task: its engine container, rootfs mounts, init and execs.
 type container struct {
 	id, bundle string
 	rootfs     string // <bundle>/rootfs when the shim mounted it, unmounted on delete
+	// captured is the last capture of the rootfs upper (capture.go), for the next one to write
+	// only what changed; nil whenever the upper is not the one it recorded. Under the lifecycle lock.
+	captured   *capture.Record
 	opts       *options.Options
 	eng        engine // read through engine(): an in-place checkpoint or rollback replaces it
 	init       *process

@@ -77,6 +77,8 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	}
 	code := ip.stoppedExit(ctx, exited)
 	stopped := time.Since(start)
+	// The rootfs is about to get another upper: the last capture recorded this one.
+	c.captured = nil
 
 	var res inPlaceResult
 	res.switched = eng.Destroy()

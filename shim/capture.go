@@ -1,0 +1,183 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/log"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/snapshotter/capture"
+)
+
+// A checkpoint that leaves the task running never stops it: the task's cgroup is frozen, CRIU
+// dumps it leaving it running (it finds the cgroup frozen and leaves it frozen), the rootfs
+// upper is captured into the checkpoint's layer (package capture: what changed since the
+// previous capture), the cgroup is thawed and the checkpoint recorded. No unmount, no remount,
+// no CRIU restore: the same processes run on, on the same mount, and the container's snapshot
+// key is never removed or renamed, so a crash at any step leaves the task running on its rootfs.
+// A filesystem-only checkpoint is the same without the dump; one with Exit after a capture is the
+// same with a dump that kills the task.
+//
+// The switch rule: a capture costs a walk of the upper (O(entries)) and a copy of what changed
+// (O(bytes)), both while the task is frozen. Past switchEntries entries or switchBytes bytes it
+// costs more than today's in-place cycle (a dump that stops the task, the upper frozen as it is in
+// O(1), a restore on a fresh, empty upper), which the checkpoint then takes: the next captures
+// start again from an empty upper. docs/checkpoints.md has the measurements behind the numbers.
+//
+// A client that paused the task before the checkpoint (containerd's Go client, ctr, nerdctl and
+// the CRI do for a runtime not named runc) diffs the container's snapshot once it returns, the task
+// still paused: that diff is of the whole upper, which captures leave as it is. Past
+// switchDiffBytes in the upper the in-place cycle, which leaves an empty upper to diff, is cheaper
+// for such a client.
+const (
+	switchEntries   = 20000
+	switchBytes     = 64 << 20
+	switchDiffBytes = 1 << 20
+)
+
+// errSwitch says that the capture would cost more than the in-place cycle.
+var errSwitch = errors.New("the upper is past the switch rule's limits")
+
+// captureRootfs checkpoints the rootfs (and with dump the processes) of the running or paused
+// task, leaving it as it was, and records the checkpoint. With limit, errSwitch says that the
+// in-place cycle must do it instead; nothing was recorded then.
+func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool) error {
+	c := ck.c
+	if limit && c.captured.Len() > switchEntries {
+		return fmt.Errorf("%w: %d entries", errSwitch, c.captured.Len())
+	}
+	t := newSteps()
+	rec, base, err := ck.frozen(ctx, sn, key, meta, dump, limit, t)
+	if err != nil {
+		return err
+	}
+	if meta.Parent, err = layerCheckpoint(ctx, sn, base); err == nil {
+		err = ck.record(ctx, meta)
+	}
+	if err != nil {
+		if rerr := sn.Remove(context.WithoutCancel(ctx), meta.Frozen); rerr != nil {
+			log.G(ctx).WithError(rerr).WithField("frozen", meta.Frozen).Warn("remove the unrecorded capture")
+		}
+		return err
+	}
+	t.mark("record")
+	c.captured = rec
+	log.G(ctx).WithFields(t.fields).WithField("id", meta.ID).Info("checkpoint taken, task left running")
+	return nil
+}
+
+// frozen dumps and captures while the task's cgroup is frozen, then thaws it unless the client
+// had paused it, and commits the capture: whatever fails, the task runs on as it was. Only the
+// dump, the walk and the copy of what changed happen while it is frozen; the snapshot calls
+// (through containerd) come before and after. It returns the capture's record and the layer it
+// stacks on.
+func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (*capture.Record, string, error) {
+	cp, err := capture.Prepare(ctx, sn, key, meta.Frozen, ck.c.captured)
+	if err != nil {
+		return nil, "", err
+	}
+	t.mark("prepare")
+	if err := ck.whileFrozen(cp, dump, limit, t); err != nil {
+		cp.Abort(ctx, sn)
+		return nil, "", err
+	}
+	rec, err := cp.Commit(ctx, sn, map[string]string{checkpoint.LabelID: meta.ID})
+	if err != nil {
+		return nil, "", err
+	}
+	t.mark("commit")
+	return rec, cp.Base(), nil
+}
+
+// whileFrozen freezes the task's cgroup unless the client paused it, dumps it and writes the
+// capture, then thaws it again.
+func (ck *checkpointRun) whileFrozen(cp *capture.Capture, dump func() error, limit bool, t *steps) (err error) {
+	eng := ck.c.engine()
+	clientPaused := eng.Paused()
+	if !clientPaused {
+		start := time.Now()
+		if err := eng.Pause(); err != nil {
+			return err
+		}
+		t.mark("freeze")
+		defer func() {
+			// After a dump with Exit, the thaw only lets the killed processes die.
+			if rerr := eng.Resume(); rerr != nil && err == nil && !ck.opts.Exit {
+				err = fmt.Errorf("thaw the task after its checkpoint: %w", rerr)
+			}
+			t.mark("thaw")
+			t.fields["frozen"] = time.Since(start) // what the task saw of the checkpoint
+		}()
+	}
+	if dump != nil {
+		if err := dump(); err != nil {
+			return err
+		}
+		t.mark("dump")
+		if !ck.opts.Exit && !eng.Paused() {
+			// The capture would race with the running task.
+			return fmt.Errorf("the task's cgroup was thawed by CRIU's dump: its filesystem cannot be captured consistently")
+		}
+	}
+	if err := cp.Walk(); err != nil {
+		return err
+	}
+	t.mark("walk")
+	st := cp.Stats()
+	t.fields["entries"], t.fields["writes"], t.fields["bytes"], t.fields["delta"] = st.Entries, st.Writes, st.Bytes, st.Delta
+	if limit && (st.Entries > switchEntries || st.Bytes > switchBytes || clientPaused && st.Size > switchDiffBytes) {
+		return fmt.Errorf("%w: %d entries, %d bytes changed, %d bytes in all, paused by the client: %t", errSwitch, st.Entries, st.Bytes, st.Size, clientPaused)
+	}
+	if err := cp.Write(); err != nil {
+		return err
+	}
+	t.mark("write")
+	return nil
+}
+
+// layerCheckpoint is the checkpoint whose frozen layer is layer, or "".
+func layerCheckpoint(ctx context.Context, sn snapshots.Snapshotter, layer string) (string, error) {
+	if layer == "" {
+		return "", nil
+	}
+	info, err := sn.Stat(ctx, layer)
+	if err != nil {
+		return "", fmt.Errorf("layer %s the checkpoint is stacked on: %w", layer, err)
+	}
+	return info.Labels[checkpoint.LabelID], nil
+}
+
+// clearDump empties an image directory of a dump the checkpoint does not keep (the switch rule
+// dumps again); the directory was empty before it (checkImageDir, or the daemon's own).
+func clearDump(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("clear the image directory %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("clear the image directory %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// steps times the steps of a checkpoint for its log line.
+type steps struct {
+	last   time.Time
+	fields log.Fields
+}
+
+func newSteps() *steps { return &steps{last: time.Now(), fields: log.Fields{}} }
+
+func (s *steps) mark(name string) {
+	now := time.Now()
+	s.fields[name] = now.Sub(s.last)
+	s.last = now
+}

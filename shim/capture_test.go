@@ -1,0 +1,99 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/containerd/containerd/api/types/runc/options"
+
+	"github.com/cklite/cklite/runtime"
+	"github.com/cklite/cklite/snapshotter"
+	"github.com/cklite/cklite/snapshotter/capture"
+)
+
+// freezerEngine is a fakeEngine with a cgroup freezer: Pause and Resume set it, and a dump may
+// thaw it (as a CRIU killed mid-dump would).
+type freezerEngine struct {
+	*fakeEngine
+	paused, dumpThaws bool
+}
+
+func (e *freezerEngine) Pause() error  { e.paused = true; return e.call("Pause") }
+func (e *freezerEngine) Resume() error { e.paused = false; return e.call("Resume") }
+func (e *freezerEngine) Paused() bool  { return e.paused }
+func (e *freezerEngine) Checkpoint(runtime.CheckpointOpts) error {
+	if e.dumpThaws {
+		e.paused = false
+	}
+	return e.call("Checkpoint")
+}
+
+// TestWhileFrozen: the task is frozen for the dump and the capture and thawed after, unless its
+// client had paused it; a failed dump, a dump that thawed the cgroup and the switch rule each end
+// the capture with the task as it was before the checkpoint.
+func TestWhileFrozen(t *testing.T) {
+	dumpErr := errors.New("CRIU failed")
+	for _, tc := range []struct {
+		name                string
+		clientPaused, thaws bool
+		dumpErr             error
+		size                int   // bytes written to the upper
+		fails               bool  // the capture ends without writing
+		want                error // what it ends with, when known
+		wantCalls           []string
+	}{
+		{name: "running", wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
+		{name: "paused by the client", clientPaused: true, wantCalls: []string{"Checkpoint"}},
+		{name: "dump fails", dumpErr: dumpErr, fails: true, want: dumpErr, wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
+		{name: "dump thaws", thaws: true, fails: true, wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
+		{name: "paused with a large upper", clientPaused: true, size: switchDiffBytes + 1, fails: true, want: errSwitch, wantCalls: []string{"Checkpoint"}},
+		{name: "running with a large upper", size: switchDiffBytes + 1, wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := testCapture(t, tc.size)
+			eng := &freezerEngine{fakeEngine: newFakeEngine(t, "c"), paused: tc.clientPaused, dumpThaws: tc.thaws}
+			eng.fail["Checkpoint"] = tc.dumpErr
+			ck := &checkpointRun{c: &container{eng: eng}, opts: &options.CheckpointOptions{}}
+			dump := func() error { return ck.c.engine().Checkpoint(runtime.CheckpointOpts{}) }
+			err := ck.whileFrozen(cp, dump, true, newSteps())
+			if (err != nil) != tc.fails || tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("whileFrozen: %v, want it to fail: %t (%v)", err, tc.fails, tc.want)
+			}
+			if eng.paused != tc.clientPaused {
+				t.Fatalf("the task ends paused=%t, it was paused=%t before the checkpoint", eng.paused, tc.clientPaused)
+			}
+			if got := eng.called(); !slices.Equal(got, tc.wantCalls) {
+				t.Fatalf("engine calls %v, want %v", got, tc.wantCalls)
+			}
+		})
+	}
+}
+
+// testCapture prepares the capture of an active snapshot without parent holding size bytes.
+func testCapture(t *testing.T, size int) *capture.Capture {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: the snapshotter's directories")
+	}
+	ctx := context.Background()
+	sn, err := snapshotter.New(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sn.Close() })
+	ms, err := sn.Prepare(ctx, "live", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ms[0].Source, "f"), make([]byte, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := capture.Prepare(ctx, sn, "live", "layer", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cp
+}

@@ -1,0 +1,33 @@
+package capture
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+)
+
+// Write writes what Walk found into the capture's snapshot; the upper's writers must still be
+// still.
+func (c *Capture) Write() error {
+	if err := newWriter(c.upper, c.to).apply(c.ops); err != nil {
+		return fmt.Errorf("capturing %s into %s: %w", c.key, c.tmp, err)
+	}
+	return nil
+}
+
+// Commit commits the written capture as its layer with labels, and returns the record the next
+// capture of the same upper compares with. On failure the capture is aborted.
+func (c *Capture) Commit(ctx context.Context, sn snapshots.Snapshotter, labels map[string]string) (*Record, error) {
+	if err := sn.Commit(ctx, c.name, c.tmp, snapshots.WithLabels(labels)); err != nil {
+		c.Abort(ctx, sn)
+		return nil, fmt.Errorf("capturing %s: commit %s as %s: %w", c.key, c.tmp, c.name, err)
+	}
+	return &Record{Upper: c.upper, Layer: c.name, entries: c.entries}, nil
+}
+
+// Abort removes the capture's snapshot. What it cannot remove (the snapshotter is gone) stays
+// under the caller's lease, and goes with it.
+func (c *Capture) Abort(ctx context.Context, sn snapshots.Snapshotter) {
+	_ = sn.Remove(context.WithoutCancel(ctx), c.tmp)
+}

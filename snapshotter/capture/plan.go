@@ -1,0 +1,211 @@
+package capture
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+)
+
+// Capture is one capture of an active snapshot's upper, in the steps a checkpoint needs: Prepare
+// (the snapshot calls, while the task runs), Walk and Write (while its writers are still: a
+// frozen cgroup), Commit (the snapshot calls again, once the task runs again), or Abort.
+type Capture struct {
+	key, upper string
+	name, tmp  string // the layer to commit, and the snapshot it is written into until then
+	to         string // the upper directory of tmp
+	base       string // the layer the capture goes on: the previous capture's, or key's parent
+	was        map[string]entry
+	ops        []op
+	entries    map[string]entry // the new record
+	stats      Stats
+}
+
+// Stats measure a capture: what the walk saw and what the capture writes.
+type Stats struct {
+	Delta     bool          // against the previous capture (else the whole upper)
+	Entries   int           // entries of the upper walked
+	Size      int64         // bytes of the upper's regular files
+	Writes    int           // entries to write
+	Bytes     int64         // bytes of regular files to write
+	Whiteouts int           // paths of the previous capture gone since
+	Walk      time.Duration // how long the walk took
+}
+
+// op is one path to write into the capture.
+type op struct {
+	path     string // relative to the upper
+	whiteout bool   // a whiteout for a path gone since the previous capture
+	opaque   string // for a directory: the value of its opaque mark, "" for none
+}
+
+// Prepare starts the capture of active snapshot key of sn as the layer name: a delta against
+// prev when prev recorded key's current upper and its layer still exists, else the whole upper on
+// key's parent. It prepares the snapshot "cklite/capturing/<name>" the capture is written into:
+// call it under a lease (containerd's collector must not take it), and end with Commit or Abort.
+func Prepare(ctx context.Context, sn snapshots.Snapshotter, key, name string, prev *Record) (*Capture, error) {
+	info, err := sn.Stat(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("capturing %s: %w", key, err)
+	}
+	if info.Kind != snapshots.KindActive {
+		return nil, fmt.Errorf("capturing %s: it is a %s snapshot, only an active one has an upper to capture: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
+	}
+	ms, err := sn.Mounts(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("capturing %s: %w", key, err)
+	}
+	upper, err := upperOf(key, ms)
+	if err != nil {
+		return nil, err
+	}
+	c := &Capture{key: key, upper: upper, name: name, tmp: "cklite/capturing/" + name, base: info.Parent, entries: map[string]entry{}}
+	if prev != nil && prev.Upper == upper {
+		switch _, err := sn.Stat(ctx, prev.Layer); {
+		case err == nil:
+			c.base, c.was, c.stats.Delta = prev.Layer, prev.entries, true
+		case !errdefs.IsNotFound(err):
+			return nil, fmt.Errorf("capturing %s: previous capture %s: %w", key, prev.Layer, err)
+		}
+	}
+	ms, err = sn.Prepare(ctx, c.tmp, c.base)
+	if err != nil {
+		return nil, fmt.Errorf("capturing %s: prepare %s on %q: %w", key, c.tmp, c.base, err)
+	}
+	if c.to, err = upperOf(c.tmp, ms); err != nil {
+		c.Abort(ctx, sn)
+		return nil, err
+	}
+	return c, nil
+}
+
+// Walk compares the upper with the previous capture's record: what Write will write.
+func (c *Capture) Walk() error {
+	start := time.Now()
+	if err := c.walk(c.was, start.Add(-racyWindow).UnixNano()); err != nil {
+		return fmt.Errorf("capturing %s: walk %s: %w", c.key, c.upper, err)
+	}
+	c.stats.Walk = time.Since(start)
+	return nil
+}
+
+// Stats measure the capture once walked.
+func (c *Capture) Stats() Stats { return c.stats }
+
+// Base is the layer the capture is stacked on ("" for none).
+func (c *Capture) Base() string { return c.base }
+
+// walk compares the upper with was (nil: write everything) into c's ops and new record.
+func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
+	whole := map[string]bool{} // directories written whole: below them, everything is written
+	err := filepath.WalkDir(c.upper, func(abs string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(c.upper, abs)
+		if err != nil || rel == "." {
+			return err
+		}
+		e, err := statEntry(abs, racyFrom)
+		if err != nil {
+			return err
+		}
+		c.entries[rel] = e
+		c.stats.Entries++
+		if e.isReg() {
+			c.stats.Size += e.size
+		}
+		old, known := was[rel]
+		switch {
+		case under(whole, rel):
+			c.write(rel, e, opaqueValue(e.opaque))
+		case e.isDir() && (!known || e.recreated(old)):
+			// Recreated where the previous capture had a directory: the upper need not mark
+			// it opaque (nothing below the upper has it), the capture must.
+			whole[rel] = true
+			c.write(rel, e, opaqueValue(e.opaque || known && old.isDir()))
+		case !known || e.changed(old):
+			c.write(rel, e, "")
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.whiteouts(was, whole)
+	return nil
+}
+
+func (c *Capture) write(rel string, e entry, opaque string) {
+	c.ops = append(c.ops, op{path: rel, opaque: opaque})
+	c.stats.Writes++
+	if e.isReg() {
+		c.stats.Bytes += e.size
+	}
+}
+
+// whiteouts hides the paths of the previous capture that are gone from the upper: one whiteout
+// at the topmost gone path, none below a directory written whole or replaced by a non-directory.
+func (c *Capture) whiteouts(was map[string]entry, whole map[string]bool) {
+	var gone []string
+	for rel := range was {
+		if _, ok := c.entries[rel]; ok {
+			continue
+		}
+		parent := filepath.Dir(rel)
+		if pe, ok := c.entries[parent]; parent != "." && (!ok || !pe.isDir()) {
+			continue
+		}
+		if !under(whole, rel) {
+			gone = append(gone, rel)
+		}
+	}
+	sort.Strings(gone)
+	for _, rel := range gone {
+		c.ops = append(c.ops, op{path: rel, whiteout: true})
+	}
+	c.stats.Whiteouts = len(gone)
+}
+
+// under tells whether rel is below one of dirs.
+func under(dirs map[string]bool, rel string) bool {
+	for d := filepath.Dir(rel); d != "."; d = filepath.Dir(d) {
+		if dirs[d] {
+			return true
+		}
+	}
+	return false
+}
+
+func opaqueValue(opaque bool) string {
+	if opaque {
+		return "y"
+	}
+	return ""
+}
+
+// upperOf is the directory an active snapshot's mounts write to: the overlay's upperdir, or the
+// bind-mounted directory of a snapshot without parent.
+func upperOf(key string, ms []mount.Mount) (string, error) {
+	if len(ms) == 1 {
+		m := ms[0]
+		switch m.Type {
+		case "overlay":
+			for _, o := range m.Options {
+				if dir, ok := strings.CutPrefix(o, "upperdir="); ok {
+					return dir, nil
+				}
+			}
+		case "bind":
+			return m.Source, nil
+		}
+	}
+	return "", fmt.Errorf("snapshot %s is not an overlay with an upper directory (mounts %v): a checkpoint of a running task's filesystem needs one: %w", key, ms, errdefs.ErrNotImplemented)
+}
