@@ -1,0 +1,174 @@
+package integration
+
+// TestExecSession drives `cklite exec` sessions (pkg/session) in cklite containers: state that
+// persists between calls, exit statuses, separate and binary output, timeouts, and the session
+// carried by a leave-running checkpoint, an in-place rollback and a fork.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/containerd/containerd/v2/client"
+
+	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/pkg/session"
+)
+
+// sessionCall is what one `cklite exec` printed and its exit status.
+type sessionCall struct {
+	out, err string
+	status   int
+}
+
+// ckliteExec runs `cklite exec ARGS...` against d and returns its stdout, stderr and status.
+func ckliteExec(t *testing.T, d *harness.Daemon, args ...string) sessionCall {
+	t.Helper()
+	cmd := d.Command(context.Background(), "cklite", append([]string{"--address", d.Address, "-n", d.Namespace, "exec"}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("cklite exec %q did not run: %v", args, err)
+	}
+	return sessionCall{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()}
+}
+
+// inSession runs command in container id's default session and fails the test unless it exits 0
+// with nothing on stderr; it returns its stdout.
+func inSession(t *testing.T, d *harness.Daemon, id, command string) string {
+	t.Helper()
+	c := ckliteExec(t, d, id, "--", command)
+	if c.status != 0 || c.err != "" {
+		t.Fatalf("cklite exec %s -- %q: status %d, stderr %q", id, command, c.status, c.err)
+	}
+	return c.out
+}
+
+// sessions lists container id's sessions with `cklite exec --list --format json`.
+func sessions(t *testing.T, d *harness.Daemon, id string) []session.Info {
+	t.Helper()
+	var infos []session.Info
+	if err := json.Unmarshal([]byte(cklite(t, d, "exec", "--list", "--format", "json", id)), &infos); err != nil {
+		t.Fatal(err)
+	}
+	return infos
+}
+
+func TestExecSession(t *testing.T) {
+	e := newCkEnv(t)
+	for _, tc := range []struct {
+		name  string
+		img   func(*testing.T) client.Image
+		shell string // the session's: bash where the image has it
+	}{
+		{"busybox", func(*testing.T) client.Image { return e.img }, "sh"},
+		{"debian", e.sandboxImage, "bash"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "session-" + tc.name
+			c := e.newContainer(t, id, tc.img(t), counterSpec)
+			if _, err := startTask(e.ctx, c); err != nil {
+				t.Fatalf("starting %s: %v", id, err)
+			}
+			pid := e.checkSessionCalls(t, id, tc.shell)
+			e.checkSessionCheckpoint(t, id, pid)
+			cklite(t, e.d, "exec", "--close", id)
+			if infos := sessions(t, e.d, id); len(infos) != 0 {
+				t.Fatalf("sessions after --close: %+v", infos)
+			}
+			ckliteMisuse(t, e.d, "want CONTAINER -- COMMAND", "exec", id)
+		})
+	}
+}
+
+// checkSessionCalls checks a session's calls in container id and returns its shell's pid.
+func (e *ckEnv) checkSessionCalls(t *testing.T, id, shell string) int {
+	t.Helper()
+	inSession(t, e.d, id, "mkdir -p /work; cd /work; export X=1; Y=v; f() { echo hi; }")
+	if got := inSession(t, e.d, id, "pwd; echo $X $Y; f"); got != "/work\n1 v\nhi\n" {
+		t.Fatalf("the second call printed %q, want the first's cwd, variables and function", got)
+	}
+	for _, c := range []struct {
+		command string
+		want    sessionCall
+	}{
+		{"false", sessionCall{status: 1}},
+		{"(exit 3)", sessionCall{status: 3}},
+		{"echo out; echo err >&2; (exit 255)", sessionCall{"out\n", "err\n", 255}},
+	} {
+		if got := ckliteExec(t, e.d, id, "--", c.command); got != c.want {
+			t.Fatalf("%q: got %+v, want %+v", c.command, got, c.want)
+		}
+	}
+	// 1 MiB of random bytes, through the CLI, as the container's file holds them.
+	inSession(t, e.d, id, "head -c 1048576 /dev/urandom >/tmp/bin")
+	want, err := os.ReadFile(filepath.Join(e.d.RootfsPath(id), "tmp", "bin"))
+	if err != nil || len(want) != 1<<20 {
+		t.Fatalf("the container's /tmp/bin: %d bytes, %v", len(want), err)
+	}
+	if got := inSession(t, e.d, id, "cat /tmp/bin"); got != string(want) {
+		t.Fatalf("cat of 1 MiB printed %d bytes, not the file's", len(got))
+	}
+	// A timeout kills the command, the session answers the next call.
+	if got := ckliteExec(t, e.d, "--timeout", "1s", id, "--", "sleep 1000"); got.status != 124 || !strings.Contains(got.err, "timed out") {
+		t.Fatalf("sleep 1000 with --timeout 1s: %+v, want status 124 and a message", got)
+	}
+	if got := inSession(t, e.d, id, "echo $X"); got != "1\n" {
+		t.Fatalf("after a timeout the session printed %q", got)
+	}
+	infos := sessions(t, e.d, id)
+	if len(infos) != 1 || infos[0].Name != session.DefaultName || infos[0].Shell != shell {
+		t.Fatalf("sessions: %+v, want one default session running %s", infos, shell)
+	}
+	// The claim the design rests on: the exec that started the shell is gone, the shell is a child
+	// of the container's PID 1, in the tree a checkpoint dumps.
+	if got := inSession(t, e.d, id, "echo $$; read -r _ _ _ ppid _ </proc/$$/stat; echo $ppid"); got != strconv.Itoa(infos[0].PID)+"\n1\n" {
+		t.Fatalf("the session's shell and its parent: %q, want %d and 1", got, infos[0].PID)
+	}
+	return infos[0].PID
+}
+
+// checkSessionCheckpoint checkpoints container id (leaving it running), changes its session, rolls
+// it back and checks the session is back; then forks the checkpoint and checks the fork's session
+// is its own.
+func (e *ckEnv) checkSessionCheckpoint(t *testing.T, id string, pid int) {
+	t.Helper()
+	job := strings.TrimSpace(inSession(t, e.d, id, "sleep 1000 >/dev/null 2>&1 & echo $!"))
+	ck := strings.TrimSpace(cklite(t, e.d, "checkpoint", "create", "-q", id))
+	state := "pwd; echo $X $Y; f; echo $$; kill -0 " + job + " && echo job"
+	wantState := "/work\n1 v\nhi\n" + strconv.Itoa(pid) + "\njob\n"
+	if got := inSession(t, e.d, id, state); got != wantState {
+		t.Fatalf("after the checkpoint the session printed %q, want %q", got, wantState)
+	}
+	inSession(t, e.d, id, "export X=2; Y=changed; cd /; unset -f f; kill "+job)
+	cklite(t, e.d, "rollback", id, ck)
+	if got := inSession(t, e.d, id, state); got != wantState {
+		t.Fatalf("after the rollback the session printed %q, want %q (its state at the checkpoint)", got, wantState)
+	}
+
+	fork := strings.TrimSpace(cklite(t, e.d, "fork", "-q", "--prefix", "session-fork", ck))
+	defer func() {
+		mustCtr(t, e.d, "tasks", "delete", "-f", fork)
+		mustCtr(t, e.d, "containers", "delete", fork)
+	}()
+	if got := inSession(t, e.d, fork, state); got != wantState {
+		t.Fatalf("the fork's session printed %q, want %q", got, wantState)
+	}
+	inSession(t, e.d, fork, "export X=fork; cd /tmp")
+	inSession(t, e.d, id, "export X=parent")
+	if got := inSession(t, e.d, fork, "pwd; echo $X"); got != "/tmp\nfork\n" {
+		t.Fatalf("the fork's session printed %q after the parent's changed", got)
+	}
+	if got := inSession(t, e.d, id, "pwd; echo $X"); got != "/work\nparent\n" {
+		t.Fatalf("the parent's session printed %q after the fork's changed", got)
+	}
+}
