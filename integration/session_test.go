@@ -5,6 +5,7 @@ package integration
 // carried by a leave-running checkpoint, an in-place rollback and a fork.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/client"
 
@@ -118,6 +120,10 @@ func (e *ckEnv) checkSessionCalls(t *testing.T, id, shell string) int {
 	if got := inSession(t, e.d, id, "cat /tmp/bin"); got != string(want) {
 		t.Fatalf("cat of 1 MiB printed %d bytes, not the file's", len(got))
 	}
+	e.checkSessionStreams(t, id)
+	start := time.Now()
+	inSession(t, e.d, id, "true")
+	logTiming(t, "cklite exec -- true, in a running session", start)
 	// A timeout kills the command, the session answers the next call.
 	if got := ckliteExec(t, e.d, "--timeout", "1s", id, "--", "sleep 1000"); got.status != 124 || !strings.Contains(got.err, "timed out") {
 		t.Fatalf("sleep 1000 with --timeout 1s: %+v, want status 124 and a message", got)
@@ -135,6 +141,36 @@ func (e *ckEnv) checkSessionCalls(t *testing.T, id, shell string) int {
 		t.Fatalf("the session's shell and its parent: %q, want %d and 1", got, infos[0].PID)
 	}
 	return infos[0].PID
+}
+
+// checkSessionStreams checks that `cklite exec` prints a command's output while it runs: the
+// command waits for a file that the test makes in the container's rootfs only once it has read
+// the command's first line.
+func (e *ckEnv) checkSessionStreams(t *testing.T, id string) {
+	t.Helper()
+	gate := filepath.Join(e.d.RootfsPath(id), "tmp", "gate")
+	cmd := e.d.Command(context.Background(), "cklite", "--address", e.d.Address, "-n", e.d.Namespace, "exec", id, "--",
+		"echo ready; while [ ! -e /tmp/gate ]; do sleep 0.01; done; echo done")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "ready" {
+		t.Fatalf("cklite exec's first line: %q, %v", lines.Text(), lines.Err())
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !lines.Scan() || lines.Text() != "done" {
+		t.Fatalf("cklite exec's second line: %q, %v", lines.Text(), lines.Err())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // checkSessionCheckpoint checkpoints container id (leaving it running), changes its session, rolls

@@ -31,7 +31,7 @@ killmarked() {
 
 start() {
 	rm -rf "$d"
-	mkdir -p "$d" && mkfifo "$d/in" || fail "cannot make $d"
+	mkdir -p "$d" && mkfifo "$d/in" || return 1
 	sh=sh
 	command -v bash >/dev/null 2>&1 && sh=bash
 	echo "$sh" >"$d/shell"
@@ -43,11 +43,35 @@ start() {
 	else
 		(CKLITE_SESSION=$name "$sh" -c "$1" cklite-session "$d" </dev/null >/dev/null 2>&1 &)
 	fi
+	# Up once it has written its pid, with "in" open: then another call sees it alive.
+	n=0
+	until alive "$name"; do
+		n=$((n + 1))
+		[ $n -lt 500 ] || return 1
+		sleep 0.01
+	done
+}
+
+# ensure: start session $name unless it runs. Concurrent first calls start one shell: the
+# first to make the lock directory starts it, the others wait for the lock to go (after 10 s it
+# is taken for the lock of a starter that was killed, and removed).
+ensure() {
+	alive "$name" && return
+	lock=$base/.$name.lock
+	mkdir -p "$base" || fail "cannot make $base"
+	n=0
+	until mkdir "$lock" 2>/dev/null; do
+		n=$((n + 1))
+		[ $n -lt 200 ] || { rmdir "$lock"; fail "session $name: a stale start lock removed, try again"; }
+		sleep 0.05
+	done
+	alive "$name" || start "$1" || { rmdir "$lock"; fail "session $name did not start in $d"; }
+	rmdir "$lock"
 }
 
 run() {
 	id=$1
-	alive "$name" || start "$2"
+	ensure "$2"
 	printf '%s\n' "$3" >"$d/$id.cmd" || fail "cannot write $d/$id.cmd"
 	read -r sh <"$d/shell"
 	# A syntax error in a sourced file ends a POSIX shell: refused here, as sh -c would.
@@ -60,7 +84,7 @@ run() {
 	o=$!
 	cat "$d/$id.err" >&2 &
 	e=$!
-	# The shell holds "in" open for reading: this write does not wait for a reader.
+	# The shell holds "in" open (ensure waited for it): this write does not wait for a reader.
 	echo "$id" >"$d/in"
 	wait $o
 	wait $e

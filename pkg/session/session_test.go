@@ -1,10 +1,12 @@
 package session
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -220,4 +222,61 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestStreamed checks that output reaches the writer while the command runs: the command waits
+// for a file that the test makes only once it has read the command's first line.
+func TestStreamed(t *testing.T) {
+	s := newTestSessions(t)
+	gate := filepath.Join(t.TempDir(), "gate")
+	r, w := io.Pipe()
+	done := make(chan error, 1)
+	var res Result
+	go func() {
+		var err error
+		res, err = s.Run(context.Background(), "stream", "echo ready; while [ ! -e "+gate+" ]; do sleep 0.01; done; echo done", RunOptions{Stdout: w})
+		w.CloseWithError(err)
+		done <- err
+	}()
+	lines := bufio.NewScanner(r)
+	if !lines.Scan() || lines.Text() != "ready" {
+		t.Fatalf("first line %q, %v", lines.Text(), lines.Err())
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !lines.Scan() || lines.Text() != "done" {
+		t.Fatalf("second line %q, %v", lines.Text(), lines.Err())
+	}
+	if err := <-done; err != nil || res.Status != 0 {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+}
+
+// TestConcurrentStart checks that concurrent first calls of a session start one shell and all
+// run in it.
+func TestConcurrentStart(t *testing.T) {
+	s := newTestSessions(t)
+	const n = 4
+	outs := make(chan string, n)
+	for range n {
+		go func() {
+			var out bytes.Buffer
+			res, err := s.Run(context.Background(), "c", "echo $$", RunOptions{Stdout: &out})
+			if err != nil || res.Status != 0 {
+				out.WriteString(fmt.Sprintf("failed: %+v %v", res, err))
+			}
+			outs <- out.String()
+		}()
+	}
+	var got []string
+	for range n {
+		got = append(got, <-outs)
+	}
+	pid := fmt.Sprintf("%d\n", sessionPID(t, s, "c"))
+	for _, got := range got {
+		if got != pid {
+			t.Errorf("a concurrent first call printed %q, want the session's pid %q", got, pid)
+		}
+	}
 }
