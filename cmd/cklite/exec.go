@@ -27,7 +27,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	closeIt := fs.Bool("close", false, "end the session and every process it started")
 	timeout := fs.Duration("timeout", 0, "kill the command's processes after `DURATION` (the session lives on); exit status 124")
 	dir := fs.String("dir", session.DefaultDir, "the sessions' directory `DIR` in the container")
-	format := fs.String("format", "", "with --list: json")
+	out := outputFlags(fs, "the sessions' names, with --list")
 	return func(ctx context.Context, cli *cli, args []string) error {
 		switch {
 		case len(args) == 0:
@@ -38,8 +38,11 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			return usageError("--list and --close exclude each other")
 		case !*list && !*closeIt && len(args) < 2:
 			return usageError("want CONTAINER -- COMMAND")
-		case *format != "" && (*format != "json" || !*list):
-			return usageError("--format json goes with --list")
+		case !*list && (out.quiet || out.json()):
+			return usageError("-q and --format json go with --list (a command's output is its own)")
+		}
+		if err := out.check(); err != nil {
+			return err
 		}
 		cl, err := cli.connect(ctx)
 		if err != nil {
@@ -52,7 +55,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		}
 		switch {
 		case *list:
-			return printSessions(ctx, cli, s, *format == "json")
+			return printSessions(ctx, cli, s, out)
 		case *closeIt:
 			return s.Close(ctx, *name)
 		}
@@ -75,12 +78,18 @@ func runInSession(ctx context.Context, cli *cli, s *session.Sessions, name, comm
 	return nil
 }
 
-func printSessions(ctx context.Context, cli *cli, s *session.Sessions, asJSON bool) error {
+func printSessions(ctx context.Context, cli *cli, s *session.Sessions, out *output) error {
 	infos, err := s.List(ctx)
 	if err != nil {
 		return err
 	}
-	if asJSON {
+	switch {
+	case out.quiet:
+		for _, in := range infos {
+			out.ids(cli.stdout, in.Name)
+		}
+		return nil
+	case out.json():
 		if infos == nil {
 			infos = []session.Info{}
 		}

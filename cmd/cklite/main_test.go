@@ -102,7 +102,7 @@ func TestRunRefusesMisuse(t *testing.T) {
 		{args: []string{"exec", "c"}, isErr: errdefs.IsInvalidArgument, says: "want CONTAINER -- COMMAND"},
 		{args: []string{"exec", "--list", "c", "--", "ls"}, isErr: errdefs.IsInvalidArgument, says: "take CONTAINER alone"},
 		{args: []string{"exec", "--list", "--close", "c"}, isErr: errdefs.IsInvalidArgument, says: "exclude each other"},
-		{args: []string{"exec", "--format", "json", "c", "--", "ls"}, isErr: errdefs.IsInvalidArgument, says: "goes with --list"},
+		{args: []string{"exec", "--format", "json", "c", "--", "ls"}, isErr: errdefs.IsInvalidArgument, says: "go with --list"},
 		{args: []string{"paths", "--format", "yaml"}, isErr: errdefs.IsInvalidArgument, says: `format "yaml"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
