@@ -135,6 +135,9 @@ func (e *ckEnv) checkSessionCalls(t *testing.T, id, shell string) int {
 	if len(infos) != 1 || infos[0].Name != session.DefaultName || infos[0].Shell != shell {
 		t.Fatalf("sessions: %+v, want one default session running %s", infos, shell)
 	}
+	if got := cklite(t, e.d, "exec", "--list", "-q", id); got != session.DefaultName+"\n" {
+		t.Fatalf("exec --list -q printed %q", got)
+	}
 	// The claim the design rests on: the exec that started the shell is gone, the shell is a child
 	// of the container's PID 1, in the tree a checkpoint dumps.
 	if got := inSession(t, e.d, id, "echo $$; read -r _ _ _ ppid _ </proc/$$/stat; echo $ppid"); got != strconv.Itoa(infos[0].PID)+"\n1\n" {

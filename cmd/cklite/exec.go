@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"strings"
@@ -83,19 +82,16 @@ func printSessions(ctx context.Context, cli *cli, s *session.Sessions, out *outp
 	if err != nil {
 		return err
 	}
+	names := make([]string, 0, len(infos))
+	for _, in := range infos {
+		names = append(names, in.Name)
+	}
 	switch {
 	case out.quiet:
-		for _, in := range infos {
-			out.ids(cli.stdout, in.Name)
-		}
+		out.ids(cli.stdout, names...)
 		return nil
 	case out.json():
-		if infos == nil {
-			infos = []session.Info{}
-		}
-		enc := json.NewEncoder(cli.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(infos)
+		return printJSON(cli.stdout, append([]session.Info{}, infos...))
 	}
 	w := tabwriter.NewWriter(cli.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "SESSION\tPID\tCREATED\tSHELL")
