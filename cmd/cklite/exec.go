@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -66,6 +67,9 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 func runInSession(ctx context.Context, cli *cli, s *session.Sessions, name, command string, timeout time.Duration) error {
 	res, err := s.Run(ctx, name, command, session.RunOptions{Stdout: cli.stdout, Stderr: cli.stderr, Timeout: timeout})
 	switch {
+	case errors.Is(err, session.ErrSessionEnded):
+		fmt.Fprintf(cli.stderr, "cklite: exec: timed out after %s: %v\n", timeout, err)
+		return exitStatus(timedOutStatus)
 	case err != nil:
 		return err
 	case res.TimedOut:

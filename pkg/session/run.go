@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -62,7 +64,7 @@ func (s *Sessions) Run(ctx context.Context, name, command string, opts RunOption
 	case <-ctx.Done():
 	}
 	killErr := s.kill(ctx, name, id)
-	if killErr != nil {
+	if killErr != nil && !errors.Is(killErr, ErrSessionEnded) {
 		log.G(ctx).WithError(killErr).Warnf("session %s: call %s not ended: killing its exec", name, id)
 		cancelCall()
 	}
@@ -74,12 +76,19 @@ func (s *Sessions) Run(ctx context.Context, name, command string, opts RunOption
 	return res, ctx.Err()
 }
 
-// kill kills the processes of call id until the shell has ended the call.
+// kill kills the processes of call id until the shell has ended the call, or ends the session.
 func (s *Sessions) kill(ctx context.Context, name, id string) error {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), waitKill)
 	defer cancel()
-	if err := s.opsErr(kctx, io.Discard, "kill", s.dir, name, id); err != nil {
-		return fmt.Errorf("%w: close the session (%v)", errShellBusy, err)
+	var stderr limitedBuffer
+	st, err := s.ops(kctx, nil, &stderr, "kill", s.dir, name, id, strconv.Itoa(s.killRounds))
+	switch {
+	case err != nil:
+		return fmt.Errorf("kill call %s: %w", id, err)
+	case st == endedStatus:
+		return ErrSessionEnded
+	case st != 0:
+		return fmt.Errorf("kill call %s: exit status %d: %s", id, st, stderr.String())
 	}
 	return nil
 }

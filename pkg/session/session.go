@@ -28,7 +28,8 @@
 // a timeout SIGKILLs the processes of the call (found in /proc/*/environ), not the shell, which
 // then writes the call's status and reads the next one; Close kills the shell and every process
 // the session started. A command the shell runs itself (a loop of builtins) cannot be ended that
-// way: Run then says so, and the session has to be closed.
+// way: after 5 s of trying the timeout kills the shell, ending the session (Run says so), so that
+// a timeout always ends the call.
 //
 // Limits, as with any shell: `exit` ends the session (its status is still the call's; the next
 // call starts a new session), `set -e` makes the first failure end it, and a background job that
@@ -75,6 +76,8 @@ type Execer interface {
 type Sessions struct {
 	ex  Execer
 	dir string
+	// killRounds bounds a timed-out call's kill: rounds of 50 ms, then the session ends.
+	killRounds int
 }
 
 // New returns the sessions of the container ex executes in, kept under dir ("" for DefaultDir).
@@ -82,7 +85,7 @@ func New(ex Execer, dir string) *Sessions {
 	if dir == "" {
 		dir = DefaultDir
 	}
-	return &Sessions{ex: ex, dir: dir}
+	return &Sessions{ex: ex, dir: dir, killRounds: 100}
 }
 
 var validName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
@@ -113,8 +116,12 @@ func (s *Sessions) opsErr(ctx context.Context, stdout io.Writer, args ...string)
 	return nil
 }
 
-// waitKill bounds the kill of a timed-out call (ops.sh gives up after 100 rounds of 50 ms).
+// waitKill bounds the kill of a timed-out call (ops.sh kills the shell after killRounds rounds).
 const waitKill = 30 * time.Second
 
-// errShellBusy is what a call's kill reports when the shell itself runs the command.
-var errShellBusy = errors.New("the session's shell itself runs the command")
+// ErrSessionEnded is what Run returns (wrapped) when a timeout had to end the session: the
+// command ran in the shell itself. The next call starts a new session.
+var ErrSessionEnded = errors.New("the command ran in the session's shell itself: the timeout ended the session")
+
+// endedStatus is ops.sh kill's status when it ended the session.
+const endedStatus = 3

@@ -280,3 +280,18 @@ func TestConcurrentStart(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeoutShellLoop checks that a timeout ends a command the shell runs itself by ending the
+// session, which the next call starts afresh.
+func TestTimeoutShellLoop(t *testing.T) {
+	s := newTestSessions(t)
+	s.killRounds = 3
+	run(t, s, "loop", "X=1")
+	res, err := s.Run(context.Background(), "loop", "while :; do :; done", RunOptions{Timeout: 100 * time.Millisecond})
+	if !errors.Is(err, ErrSessionEnded) || !res.TimedOut || res.Status != FailedStatus {
+		t.Fatalf("a loop of builtins with a timeout: %+v, %v; want the session ended, status %d", res, err, FailedStatus)
+	}
+	if got := run(t, s, "loop", "echo ${X:-new}"); got.out != "new\n" {
+		t.Fatalf("after the session ended the next call printed %q, want a new session's", got.out)
+	}
+}
