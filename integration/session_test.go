@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 
 	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/integration/workload"
 	"github.com/cklite/cklite/pkg/session"
 )
 
@@ -67,33 +68,44 @@ func sessions(t *testing.T, d *harness.Daemon, id string) []session.Info {
 
 func TestExecSession(t *testing.T) {
 	e := newCkEnv(t)
+	// start starts container name on img with the Go client; the session is then named by id.
+	start := func(t *testing.T, name string, img client.Image) (string, string) {
+		c := e.newContainer(t, name, img, counterSpec)
+		if _, err := startTask(e.ctx, c); err != nil {
+			t.Fatalf("starting %s: %v", name, err)
+		}
+		return name, name
+	}
 	for _, tc := range []struct {
 		name  string
-		img   func(*testing.T) client.Image
+		start func(t *testing.T, name string) (ref, id string)
 		shell string // the session's: bash where the image has it
 	}{
-		{"busybox", func(*testing.T) client.Image { return e.img }, "sh"},
-		{"debian", e.sandboxImage, "bash"},
+		{"busybox", func(t *testing.T, name string) (string, string) { return start(t, name, e.img) }, "sh"},
+		{"debian", func(t *testing.T, name string) (string, string) { return start(t, name, e.sandboxImage(t)) }, "bash"},
+		// nerdctl's container, named by its nerdctl name.
+		{"nerdctl", func(t *testing.T, name string) (string, string) {
+			id := runDetached(t, e.d, harness.CkliteRuntime, name, []string{"--snapshotter", ckliteSnapshotter}, "sh", "-c", workload.CounterScript)
+			waitForStatus(t, e.d, name, "running")
+			return name, id
+		}, "sh"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			id := "session-" + tc.name
-			c := e.newContainer(t, id, tc.img(t), counterSpec)
-			if _, err := startTask(e.ctx, c); err != nil {
-				t.Fatalf("starting %s: %v", id, err)
-			}
-			pid := e.checkSessionCalls(t, id, tc.shell)
-			e.checkSessionCheckpoint(t, id, pid)
-			cklite(t, e.d, "exec", "--close", id)
-			if infos := sessions(t, e.d, id); len(infos) != 0 {
+			ref, id := tc.start(t, "session-"+tc.name)
+			pid := e.checkSessionCalls(t, ref, e.d.RootfsPath(id), tc.shell)
+			e.checkSessionCheckpoint(t, ref, pid)
+			cklite(t, e.d, "exec", "--close", ref)
+			if infos := sessions(t, e.d, ref); len(infos) != 0 {
 				t.Fatalf("sessions after --close: %+v", infos)
 			}
-			ckliteMisuse(t, e.d, "want CONTAINER -- COMMAND", "exec", id)
+			ckliteMisuse(t, e.d, "want CONTAINER -- COMMAND", "exec", ref)
 		})
 	}
 }
 
-// checkSessionCalls checks a session's calls in container id and returns its shell's pid.
-func (e *ckEnv) checkSessionCalls(t *testing.T, id, shell string) int {
+// checkSessionCalls checks a session's calls in the container id names (id, or nerdctl name),
+// whose rootfs is mounted at rootfs, and returns its shell's pid.
+func (e *ckEnv) checkSessionCalls(t *testing.T, id, rootfs, shell string) int {
 	t.Helper()
 	inSession(t, e.d, id, "mkdir -p /work; cd /work; export X=1; Y=v; f() { echo hi; }")
 	if got := inSession(t, e.d, id, "pwd; echo $X $Y; f"); got != "/work\n1 v\nhi\n" {
@@ -113,14 +125,14 @@ func (e *ckEnv) checkSessionCalls(t *testing.T, id, shell string) int {
 	}
 	// 1 MiB of random bytes, through the CLI, as the container's file holds them.
 	inSession(t, e.d, id, "head -c 1048576 /dev/urandom >/tmp/bin")
-	want, err := os.ReadFile(filepath.Join(e.d.RootfsPath(id), "tmp", "bin"))
+	want, err := os.ReadFile(filepath.Join(rootfs, "tmp", "bin"))
 	if err != nil || len(want) != 1<<20 {
 		t.Fatalf("the container's /tmp/bin: %d bytes, %v", len(want), err)
 	}
 	if got := inSession(t, e.d, id, "cat /tmp/bin"); got != string(want) {
 		t.Fatalf("cat of 1 MiB printed %d bytes, not the file's", len(got))
 	}
-	e.checkSessionStreams(t, id)
+	e.checkSessionStreams(t, id, rootfs)
 	start := time.Now()
 	inSession(t, e.d, id, "true")
 	logTiming(t, "cklite exec -- true, in a running session", start)
@@ -149,9 +161,9 @@ func (e *ckEnv) checkSessionCalls(t *testing.T, id, shell string) int {
 // checkSessionStreams checks that `cklite exec` prints a command's output while it runs: the
 // command waits for a file that the test makes in the container's rootfs only once it has read
 // the command's first line.
-func (e *ckEnv) checkSessionStreams(t *testing.T, id string) {
+func (e *ckEnv) checkSessionStreams(t *testing.T, id, rootfs string) {
 	t.Helper()
-	gate := filepath.Join(e.d.RootfsPath(id), "tmp", "gate")
+	gate := filepath.Join(rootfs, "tmp", "gate")
 	cmd := e.d.Command(context.Background(), "cklite", "--address", e.d.Address, "-n", e.d.Namespace, "exec", id, "--",
 		"echo ready; while [ ! -e /tmp/gate ]; do sleep 0.01; done; echo done")
 	stdout, err := cmd.StdoutPipe()
