@@ -29,7 +29,8 @@ type Result struct {
 // Run runs command in session name (started on first use) and streams its stdout and stderr to
 // opts' writers. The command runs in the session's shell itself, as if typed there. When
 // opts.Timeout passes or ctx is done, the call's processes are killed, the session lives on, and
-// Run returns when the shell has ended the call (Result.TimedOut, and ctx's error if ctx ended).
+// Run returns when the shell has ended the call (Result.TimedOut, and ctx's error if ctx ended);
+// a command the shell runs itself is ended with the session (ErrSessionEnded).
 func (s *Sessions) Run(ctx context.Context, name, command string, opts RunOptions) (Result, error) {
 	if err := checkName(name); err != nil {
 		return Result{}, err
