@@ -33,6 +33,8 @@ build:
 	@if [ -n "$$($(GO) list ./cmd/... 2>/dev/null)" ]; then \
 		echo "$(GO) build -tags '$(BUILDTAGS)' -o $(BIN)/ ./cmd/..."; \
 		CGO_ENABLED=1 $(GO) build -tags '$(BUILDTAGS)' -o $(BIN)/ ./cmd/...; \
+		echo "CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/cklite-exec-helper"; \
+		CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/cklite-exec-helper; \
 	fi
 
 ## install: copy cklite's binaries next to containerd ($(CKLITE_PREFIX)/bin) and into $(INSTALL_BINDIR),

@@ -289,13 +289,20 @@ func serveUnix(t *testing.T, path string) <-chan net.Conn {
 	return accepted
 }
 
-// TestCheckpointRefusedWhileExecRuns: a process started with exec is outside the init's process
-// tree that CRIU dumps, so a memory checkpoint while one runs would lose it; it is refused, naming
-// the exec, and leaves the task, the exec'd process and the checkpoint list as they were. Once
-// the exec'd process is gone the checkpoint is taken.
+// TestCheckpointRefusedWhileExecRuns: a process started with exec outside the init's process tree
+// that CRIU dumps (one with a terminal, or any in a container annotated cklite.io/exec-in-tree=false)
+// would be lost by a memory checkpoint; it is refused, naming the exec, and leaves the task, the
+// exec'd process and the checkpoint list as they were. Once the exec'd process is gone the
+// checkpoint is taken.
 func TestCheckpointRefusedWhileExecRuns(t *testing.T) {
 	e := newCkEnv(t)
-	_, task, cnt := e.startCounter(t, "execs")
+	// Its execs run outside the init's process tree, as execs with a terminal do.
+	c := e.newContainer(t, "execs", e.img, counterSpec, oci.WithAnnotations(map[string]string{"cklite.io/exec-in-tree": "false"}))
+	task, err := startTask(e.ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnt := newCounter(e.d.RootfsPath("execs"))
 	p := e.newExec(t, task, cio.NullIO, "sleep", "1000")
 	if err := p.Start(e.ctx); err != nil {
 		t.Fatal(err)

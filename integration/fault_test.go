@@ -30,12 +30,12 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/integration/workload"
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/fault"
 )
@@ -44,7 +44,7 @@ import (
 type faultCase struct {
 	name  string
 	point string // armed in the fault file
-	op    string // "checkpoint" (leave-running, Go client) or "rollback" (cklite rollback, in place)
+	op    string // "checkpoint" (leave-running, Go client), "rollback" (cklite rollback, in place) or "fork" (cklite fork)
 	// crashContainerd: the point holds the shim and the test kills containerd meanwhile.
 	crashContainerd bool
 }
@@ -56,6 +56,7 @@ var faultCases = []faultCase{
 	{name: "snapshotter mid-commit", point: fault.SnapshotterCommit, op: "checkpoint"},
 	{name: "containerd during checkpoint", point: fault.ShimAfterDump + ":hold", op: "checkpoint", crashContainerd: true},
 	{name: "containerd during rollback", point: fault.SwitchPrepared + ":hold", op: "rollback", crashContainerd: true},
+	{name: "fork's shim between switch update and remove", point: fault.SwitchUpdated, op: "fork"},
 }
 
 // faultEnv is a checkpoint environment whose daemon honours a fault file.
@@ -98,19 +99,25 @@ func newFaultEnv(t *testing.T, timeout time.Duration) *faultEnv {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, harness.Config{CkliteSnapshotter: true, FaultFile: file})
-	img := unpackBusybox(t, d)
+	unpackBusybox(t, d)
 	ctx, cancel := context.WithTimeout(d.Context(context.Background()), timeout)
 	t.Cleanup(cancel)
-	e := &faultEnv{ckEnv: &ckEnv{d: d, img: img, ctx: ctx}, file: file}
-	e.reconnect()
+	e := &faultEnv{ckEnv: &ckEnv{d: d, ctx: ctx}, file: file}
+	e.reconnect(t)
 	return e
 }
 
-// reconnect takes the snapshotter and lease services of the daemon's current client: a crash of
-// containerd closes the old one.
-func (e *faultEnv) reconnect() {
+// reconnect takes the snapshotter and lease services and the image of the daemon's current
+// client: a crash of containerd closes the old one.
+func (e *faultEnv) reconnect(t *testing.T) {
+	t.Helper()
 	e.sn = e.d.Client().SnapshotService(ckliteSnapshotter)
 	e.lm = e.d.Client().LeasesService()
+	img, err := e.d.Client().GetImage(e.ctx, busybox.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.img = img
 }
 
 func (e *faultEnv) arm(t *testing.T, spec string) {
@@ -132,6 +139,11 @@ type faultOutcome struct {
 func (e *faultEnv) round(t *testing.T, fc faultCase, id string, rng *rand.Rand) faultOutcome {
 	t.Helper()
 	c, task, cnt := e.startCounter(t, id)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("processes in %s: %s", cnt.Rootfs, processesIn(cnt.Rootfs))
+		}
+	})
 	tag := "fault-" + id
 	_, metaA, atA := e.markedCheckpoint(t, task, cnt, tag)
 	before := cnt.advance(t, 1+rng.IntN(4))
@@ -158,6 +170,7 @@ func (e *faultEnv) round(t *testing.T, fc faultCase, id string, rng *rand.Rand) 
 
 	// Every checkpoint listed restores and verifies.
 	for _, r := range e.recordsOf(t, id) {
+		t.Logf("verifying checkpoint %s of %s", r.ID, id)
 		e.rollback(t, c, r.ImagePath)
 		switch r.ID {
 		case metaA.ID:
@@ -172,12 +185,15 @@ func (e *faultEnv) round(t *testing.T, fc faultCase, id string, rng *rand.Rand) 
 		out.listed++
 	}
 	e.expectNoCRIU(t)
+	if fc.op == "fork" {
+		e.removeFork(t, id+"-f-1")
+	}
 	e.removeAndExpectNothingLeft(t, c)
 	return out
 }
 
-// interrupt runs fc's operation on c with fc's fault armed: a checkpoint of task into dirB, or a
-// rollback to checkpoint target. It restarts what the fault killed and returns the operation's
+// interrupt runs fc's operation on c with fc's fault armed: a checkpoint of task into dirB, a
+// rollback to checkpoint target, or a fork of it. It restarts what the fault killed and returns the operation's
 // error.
 func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, task client.Task, target, dirB string) error {
 	t.Helper()
@@ -187,6 +203,9 @@ func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, tas
 		switch fc.op {
 		case "checkpoint":
 			done <- e.checkpointErr(task, dirB, nil)
+		case "fork":
+			_, err := e.d.Cklite(e.ctx, "fork", "-n", "1", "--prefix", c.ID()+"-f", target)
+			done <- err
 		default:
 			_, err := e.d.Cklite(e.ctx, "rollback", c.ID(), target)
 			done <- err
@@ -197,11 +216,28 @@ func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, tas
 	}
 	err := <-done
 	e.arm(t, "")
-	if e.d.SnapshotterExited() {
+	var wait time.Duration // a fault of the shim or containerd must not kill the snapshotter
+	if fc.point == fault.SnapshotterCommit {
+		wait = time.Minute
+	}
+	switch exited := e.d.SnapshotterExited(wait); {
+	case exited:
 		if err := e.d.StartSnapshotter(); err != nil {
 			t.Fatalf("restarting the snapshotter: %v", err)
 		}
-	} else if fc.point == fault.SnapshotterCommit {
+		// containerd's proxy redials the new snapshotter after its connection's backoff. A Stat
+		// of a key containerd knows reaches the snapshotter (a lost key is the caller's finding).
+		eventually(t, "containerd to reach the restarted snapshotter", func() error {
+			info, err := c.Info(e.ctx)
+			if err == nil {
+				_, err = e.sn.Stat(e.ctx, info.SnapshotKey)
+			}
+			if errdefs.IsNotFound(err) {
+				return nil
+			}
+			return err
+		})
+	case wait > 0:
 		t.Fatalf("the snapshotter did not reach %s during the %s (%v)", fc.point, fc.op, err)
 	}
 	return err
@@ -234,7 +270,7 @@ func (e *faultEnv) crashWhileHeld(t *testing.T, done chan error) {
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the shim did not reach the held point within 2 minutes")
 	}
-	e.reconnect()
+	e.reconnect(t)
 }
 
 // runningOrRestart checks the container's task: running and counting, or gone or stopped, when
@@ -268,11 +304,15 @@ func (e *faultEnv) runningOrRestart(t *testing.T, c client.Container, cnt counte
 		return fmt.Errorf("task is %s", st.Status)
 	})
 	if running {
+		t.Logf("after %q the task runs", what)
 		cnt.advance(t, 1)
 		return true
 	}
 	e.deleteDeadTask(t, c)
+	// The rootfs holds what the dead task, or the checkpoint a switch stacked it on, wrote last:
+	// a count above 0 (the rounds advance it before the fault). The new task writes 0 first.
 	task := e.startAgain(t, c)
+	cnt.waitFor(t, "the new task's first count", func(x workload.Count) bool { return x.N == 0 })
 	x := cnt.advance(t, 2)
 	t.Logf("after %q the task had stopped; a new one (pid %d) counts: %+v", what, task.Pid(), x)
 	return false
@@ -313,56 +353,82 @@ func (e *faultEnv) expectNoCRIU(t *testing.T) {
 	})
 }
 
-// removeAndExpectNothingLeft deletes c with its snapshot, as nerdctl rm does, expires the leases
-// of switches that died before they updated the container, and checks that no snapshot, mount or
-// shim of c is left.
+// removeFork removes the fork named name if the failed fork left it (cklite fork removes a fork
+// that failed), as nerdctl rm would; a fork left running must run.
+func (e *faultEnv) removeFork(t *testing.T, name string) {
+	t.Helper()
+	forks, err := e.d.Client().Containers(e.ctx, fmt.Sprintf("labels.%q==%s", "nerdctl/name", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range forks {
+		t.Logf("the interrupted fork left container %s (%s): removing it", f.ID(), name)
+		e.deleteTask(t, f)
+		if err := f.Delete(e.ctx, client.WithSnapshotCleanup); err != nil {
+			t.Fatalf("removing fork %s: %v", f.ID(), err)
+		}
+	}
+}
+
+// removeAndExpectNothingLeft deletes c with its snapshot, as nerdctl rm does, and checks that no
+// mount or shim of it is left, and, once the leases of dead switches are expired, no rootfs
+// snapshot that no container refers to.
 func (e *faultEnv) removeAndExpectNothingLeft(t *testing.T, c client.Container) {
 	t.Helper()
 	e.deleteTask(t, c)
 	if err := c.Delete(e.ctx, client.WithSnapshotCleanup); err != nil {
 		t.Fatalf("removing %s: %v", c.ID(), err)
 	}
-	e.expireLeasesOf(t, c.ID())
+	expectNoLeftovers(t, e.d, c.ID(), "")
+	e.expireWorkLeases(t)
 	e.collectGarbage(t)
-	var left []string
-	err := e.sn.Walk(e.ctx, func(_ context.Context, info snapshots.Info) error {
-		if ownSnapshot(c.ID(), info.Name) {
-			left = append(left, info.Name)
+	if stray := e.strayRootfs(t); len(stray) > 0 {
+		t.Fatalf("after removing %s, active snapshots no container refers to: %v", c.ID(), stray)
+	}
+}
+
+// strayRootfs lists the active snapshots in cklite that no container's record names.
+func (e *faultEnv) strayRootfs(t *testing.T) []string {
+	t.Helper()
+	ctrs, err := e.d.Client().Containers(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, c := range ctrs {
+		info, err := c.Info(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used[info.SnapshotKey] = true
+	}
+	var stray []string
+	err = e.sn.Walk(e.ctx, func(_ context.Context, info snapshots.Info) error {
+		if info.Kind == snapshots.KindActive && !used[info.Name] {
+			stray = append(stray, info.Name)
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(left) > 0 {
-		t.Fatalf("snapshots of the removed container %s left: %v", c.ID(), left)
-	}
-	expectNoLeftovers(t, e.d, c.ID(), "")
+	return stray
 }
 
-// ownSnapshot reports whether snapshot key is a rootfs of container id: its first key or one a
-// switch made ("<id>-<8 hex>").
-func ownSnapshot(id, key string) bool {
-	return key == id || strings.HasPrefix(key, id+"-") && len(key) == len(id)+9
-}
-
-// expireLeasesOf deletes the leases that hold a rootfs snapshot of container id, as their expiry
-// would: a switch that died before it updated the container leaves its fresh key to its lease.
-func (e *faultEnv) expireLeasesOf(t *testing.T, id string) {
+// expireWorkLeases deletes every lease but the checkpoints', as their expiry would: a switch
+// that died before it updated its container leaves the fresh key to its lease.
+func (e *faultEnv) expireWorkLeases(t *testing.T) {
 	t.Helper()
 	all, err := e.lm.List(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range all {
-		res, err := e.lm.ListResources(e.ctx, l)
-		if err != nil {
-			t.Fatal(err)
+		if _, ok := l.Labels[checkpoint.LabelID]; ok {
+			continue
 		}
-		if slices.ContainsFunc(res, func(r leases.Resource) bool { return ownSnapshot(id, r.ID) }) {
-			if err := e.lm.Delete(e.ctx, l); err != nil && !errdefs.IsNotFound(err) {
-				t.Fatal(err)
-			}
+		if err := e.lm.Delete(e.ctx, l); err != nil && !errdefs.IsNotFound(err) {
+			t.Fatal(err)
 		}
 	}
 }
@@ -430,4 +496,17 @@ func (ft *faultTable) String() string {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d |\n", n, r.rounds, r.opFailed, r.running, r.restarted, r.listed, r.madeListed)
 	}
 	return b.String()
+}
+
+// processesIn lists the processes whose root directory is rootfs, for failure messages.
+func processesIn(rootfs string) string {
+	var found []string
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if root, err := os.Readlink("/proc/" + p.Name() + "/root"); err == nil && root == rootfs {
+			cmd, _ := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+			found = append(found, p.Name()+" "+strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	return strings.Join(found, "; ")
 }

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
+
 	"github.com/cklite/cklite/integration/harness"
 	"github.com/cklite/cklite/integration/workload"
 )
@@ -149,6 +151,10 @@ func testForks(t *testing.T, n int) {
 		if len(dirs)+len(names) > 0 {
 			t.Fatalf("after nerdctl rm %s: %v left", name, append(dirs, names...))
 		}
+		// Forks and rollbacks switched its rootfs to fresh keys (freeze.Switch): rm finds them.
+		if keys := e.rootfsSnapshots(t, ids[i]); len(keys) > 0 {
+			t.Fatalf("after nerdctl rm %s: its rootfs snapshots %v left", name, keys)
+		}
 	}
 }
 
@@ -168,4 +174,26 @@ func forkCgroups(t *testing.T, e *ckEnv, id string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// rootfsSnapshots lists the rootfs snapshots of container id (ownSnapshot) in cklite.
+func (e *ckEnv) rootfsSnapshots(t *testing.T, id string) []string {
+	t.Helper()
+	var keys []string
+	err := e.sn.Walk(e.ctx, func(_ context.Context, info snapshots.Info) error {
+		if ownSnapshot(id, info.Name) {
+			keys = append(keys, info.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// ownSnapshot reports whether snapshot key is a rootfs of container id: its first key or one a
+// switch made ("<id>-<8 hex>").
+func ownSnapshot(id, key string) bool {
+	return key == id || strings.HasPrefix(key, id+"-") && len(key) == len(id)+9
 }

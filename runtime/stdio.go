@@ -68,6 +68,12 @@ func openPipeOf(pid int, name string, ino uint64, flag int) (*os.File, error) {
 	return nil, nil
 }
 
+// IsPipeName reports whether name is a pipe's identity, "pipe:[N]".
+func IsPipeName(name string) bool {
+	_, ok := pipeInode(name)
+	return ok
+}
+
 // pipeInode parses "pipe:[N]".
 func pipeInode(name string) (uint64, bool) {
 	s, ok := strings.CutPrefix(name, "pipe:[")

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
-	"strings"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -140,7 +138,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			c.id, checkpoint.ContentsKey, checkpoint.MemoryOnly, errdefs.ErrFailedPrecondition)
 	}
 	if contents.HasMemory() {
-		if err := c.noRunningExecs(); err != nil {
+		if err := c.captureExecs(ck.path); err != nil {
 			return err
 		}
 		meta.Dump.ExternalNetNS = c.engine().HasNetNS()
@@ -322,26 +320,6 @@ func parentCheckpoint(ctx context.Context, sn snapshots.Snapshotter, key string)
 		return "", fmt.Errorf("parent %s of rootfs snapshot %s: %w", info.Parent, key, err)
 	}
 	return parent.Labels[checkpoint.LabelID], nil
-}
-
-// noRunningExecs refuses a dump while processes started with exec run: their parent is the shim,
-// outside the init's process tree that CRIU dumps, so the dump would leave them out and (with
-// the init's PID namespace gone) kill them.
-func (c *container) noRunningExecs() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.runningExecs == 0 {
-		return nil
-	}
-	var ids []string
-	for id, p := range c.execs {
-		if p.status() == statusRunning {
-			ids = append(ids, id)
-		}
-	}
-	sort.Strings(ids)
-	return fmt.Errorf("container %s has %d process(es) started with exec still running (%s): CRIU dumps only the init's process tree, which they are not part of; wait for them or kill them first: %w",
-		c.id, c.runningExecs, strings.Join(ids, ", "), errdefs.ErrFailedPrecondition)
 }
 
 // checkpointTTL is how long a checkpoint lives: what its container asks for, else the shim

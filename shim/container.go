@@ -34,6 +34,7 @@ type container struct {
 	fromImage  bool                 // that checkpoint came with the container's image: its rootfs is the checkpoint's
 	dumped     checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
 	netns      *os.File             // a new network namespace for that restore, held until it is done
+	execStdio  *treeHold            // stand-ins for the stdio of its exec'd processes, likewise
 	spec       *specs.Spec
 	cfgOpts    runtime.ConfigOptions
 	stateRoot  string

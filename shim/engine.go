@@ -16,6 +16,7 @@ type engine interface {
 	Start(p *libcontainer.Process) error
 	Release() error
 	Exec(p *libcontainer.Process) error
+	ExecInTree(p *libcontainer.Process) (*runtime.TreeProcess, error)
 	Restore(ctx context.Context, p *libcontainer.Process, o runtime.CheckpointOpts, lim runtime.RestoreLimits) error
 	Signal(sig syscall.Signal, all bool) error
 	Pause() error

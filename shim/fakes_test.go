@@ -81,6 +81,9 @@ func (e *fakeEngine) called() []string {
 func (e *fakeEngine) Start(*libcontainer.Process) error { return e.call("Start") }
 func (e *fakeEngine) Release() error                    { return e.call("Release") }
 func (e *fakeEngine) Exec(*libcontainer.Process) error  { return e.call("Exec") }
+func (e *fakeEngine) ExecInTree(*libcontainer.Process) (*runtime.TreeProcess, error) {
+	return nil, e.call("ExecInTree")
+}
 func (e *fakeEngine) Restore(context.Context, *libcontainer.Process, runtime.CheckpointOpts, runtime.RestoreLimits) error {
 	return e.call("Restore")
 }

@@ -56,7 +56,7 @@ type inPlaceResult struct {
 // exited meanwhile, which is then published).
 func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	c := ip.c
-	held, err := holdTask(c, ip.dump.ExternalNetNS)
+	held, err := holdTask(c, ip.dump.ExternalNetNS, ip.holdExecs)
 	if err != nil {
 		return inPlaceResult{}, err
 	}
@@ -69,6 +69,7 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	if err := ip.stop(); err != nil {
 		// CRIU resumes the tasks when a dump fails, and a failed kill killed nothing: nothing
 		// changed, but for an exit that came meanwhile.
+		held.execs.settle(ip.s, c)
 		if code, gone := c.init.endHandover(); gone {
 			ip.s.initExited(c, c.init, pid, code)
 		}
@@ -99,6 +100,7 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 			res.stopped = ip.restoreTask(ctx, held, paused)
 		}
 	}
+	held.execs.settle(ip.s, c)
 	c.init.endHandover()
 	if exits || res.stopped != nil {
 		ip.s.initExited(c, c.init, pid, code)
@@ -149,7 +151,7 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 		if named, _ := runtime.SpecNetNS(cfg); hold.netns != nil && !named {
 			runtime.WithNetNS(cfg, hold.netns)
 		}
-		opts := dumpCRIUOptions(ip.dump)
+		opts := append(dumpCRIUOptions(ip.dump), hold.execs.options...)
 		if paused {
 			// The client paused the task around the checkpoint and will resume it: it must
 			// not run between CRIU's restore and the freeze.
@@ -201,6 +203,9 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 	}
 	ip.s.reaper.own(pid)
 	c.setEngine(eng)
+	if pids, err := eng.Pids(); err == nil {
+		hold.execs.reattach(ctx, ip.s, c, pids)
+	}
 	if err := c.init.started(lp, pid, statusRunning); err != nil {
 		return err
 	}
@@ -222,9 +227,10 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 type taskHold struct {
 	stdio *heldStdio
 	netns *os.File
+	execs *treeHold
 }
 
-func holdTask(c *container, netns bool) (*taskHold, error) {
+func holdTask(c *container, netns bool, execs func() (*treeHold, error)) (*taskHold, error) {
 	stdio, err := holdStdio(c.init, c.engine())
 	if err != nil {
 		return nil, err
@@ -232,15 +238,20 @@ func holdTask(c *container, netns bool) (*taskHold, error) {
 	h := &taskHold{stdio: stdio}
 	if netns {
 		if h.netns, err = runtime.OpenNetNS(c.init.getPid()); err != nil {
-			stdio.Close()
+			h.Close()
 			return nil, err
 		}
+	}
+	if h.execs, err = execs(); err != nil {
+		h.Close()
+		return nil, err
 	}
 	return h, nil
 }
 
 func (h *taskHold) Close() {
 	h.stdio.Close()
+	h.execs.Close()
 	if h.netns != nil {
 		h.netns.Close()
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/cklite/cklite/runtime"
 )
 
 // process is a container's init or one of its execs.
@@ -37,6 +39,8 @@ type process struct {
 	// handover, while a checkpoint restores the process in place, receives its exit instead of
 	// Wait and containerd: the process is killed by the dump and comes back restored.
 	handover chan int
+	// tree is an exec started in the container's process tree (treeexec.go); nil otherwise.
+	tree *runtime.TreeProcess
 }
 
 func newProcess(id string, init bool, s stdio) *process {
@@ -139,6 +143,9 @@ func (p *process) signal(sig syscall.Signal) error {
 		return fmt.Errorf("process not created: %w", errdefs.ErrFailedPrecondition)
 	case statusStopped, statusDeleted:
 		return fmt.Errorf("process already finished: %w", errdefs.ErrNotFound)
+	}
+	if p.tree != nil {
+		return signalTree(p.tree, sig)
 	}
 	if err := unix.Kill(p.pid, sig); err != nil {
 		if err == unix.ESRCH {

@@ -6,11 +6,13 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -74,7 +76,12 @@ func (c *container) restoreConfig(cfg *configs.Config) error {
 	if c.checkpoint == "" {
 		return nil
 	}
-	if opts := dumpCRIUOptions(c.dumped); len(opts) > 0 {
+	execs, err := nullExecStdio(c.checkpoint)
+	if err != nil {
+		return err
+	}
+	c.execStdio = execs
+	if opts := append(dumpCRIUOptions(c.dumped), execs.options...); len(opts) > 0 {
 		if err := runtime.WithCRIUOptions(cfg, c.criuWork(), opts...); err != nil {
 			return err
 		}
@@ -113,8 +120,11 @@ func (c *container) restoreNetNS(cfg *configs.Config) error {
 	return nil
 }
 
-// closeNetNS lets go of the restore's network namespace: the restored processes hold it.
+// closeNetNS lets go of the restore's network namespace and of the stand-ins for the stdio of
+// its exec'd processes: the restored processes hold them.
 func (c *container) closeNetNS() {
+	c.execStdio.Close()
+	c.execStdio = nil
 	if c.netns != nil {
 		c.netns.Close()
 		c.netns = nil
@@ -192,11 +202,41 @@ func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta chec
 	if err != nil {
 		return freeze.Switched{}, err
 	}
-	sw, err := freeze.Switch(ctx, sn, cs, lm, id, meta.Frozen)
+	var sw freeze.Switched
+	err = retryUnavailable(ctx, switchRetryLimit, func() (err error) {
+		sw, err = freeze.Switch(ctx, sn, cs, lm, id, meta.Frozen)
+		return err
+	})
 	if err != nil {
 		return freeze.Switched{}, fmt.Errorf("stack the rootfs of container %s on frozen layer %s of checkpoint %s: %w", id, meta.Frozen, meta.ID, err)
 	}
 	return sw, nil
+}
+
+// switchRetryLimit bounds how long a switch waits for containerd or the snapshotter to come back:
+// a restart takes seconds, and a rollback in place has already ended the task's processes, which
+// only a switch lets it restore.
+const switchRetryLimit = 30 * time.Second
+
+// retryUnavailable runs op until it succeeds, fails otherwise than with ErrUnavailable (containerd
+// or the snapshotter not answering: restarting after a crash), or limit has passed. A switch may
+// run again after any failure (freeze.Switch).
+func retryUnavailable(ctx context.Context, limit time.Duration, op func() error) error {
+	deadline := time.Now().Add(limit)
+	wait := 50 * time.Millisecond
+	for {
+		err := op()
+		if err == nil || !errdefs.IsUnavailable(err) || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		log.G(ctx).WithError(err).Warn("containerd or the snapshotter does not answer: trying again")
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // frozenLayerExists checks that checkpoint meta's frozen layer is in sn, naming why not.

@@ -92,7 +92,10 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 		return err
 	}
 	start := time.Now()
-	res, err := ip.run(ctx)
+	// Once the task is killed only the switch and the restore bring it back: they must not end
+	// with the request, which ttrpc cancels when containerd goes away (a crash, a restart). They
+	// are bounded on their own (the switch's retries, the restore's limits).
+	res, err := ip.run(context.WithoutCancel(ctx))
 	if err != nil {
 		return err
 	}

@@ -209,10 +209,15 @@ func (s *service) startExec(ctx context.Context, c *container, p *process) error
 	}
 	c.runningExecs++
 	c.mu.Unlock()
+	inTree := c.execsInTree(p)
 	lp, err := runtime.NewProcess(p.spec)
 	if err == nil {
 		release := s.reaper.hold()
-		err = s.launch(ctx, c, p, lp, c.engine().Exec, statusRunning)
+		if inTree {
+			err = s.launchInTree(ctx, c, p, lp)
+		} else {
+			err = s.launch(ctx, c, p, lp, c.engine().Exec, statusRunning)
+		}
 		release()
 	}
 	if err != nil {
@@ -220,7 +225,11 @@ func (s *service) startExec(ctx context.Context, c *container, p *process) error
 		return err
 	}
 	s.events.send(&eventstypes.TaskExecStarted{ContainerID: c.id, ExecID: p.id, Pid: uint32(p.getPid())})
-	go s.collect(c, p)
+	if inTree {
+		go s.watchTree(c, p)
+	} else {
+		go s.collect(c, p)
+	}
 	return nil
 }
 

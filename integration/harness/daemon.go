@@ -353,15 +353,16 @@ func (d *Daemon) Crash(ctx context.Context) error {
 }
 
 // SnapshotterExited reports whether cklite-snapshotter has exited since it was started (a fault
-// killed it): the caller restarts it with StartSnapshotter.
-func (d *Daemon) SnapshotterExited() bool {
+// killed it), waiting up to wait for its exit to be seen; the caller restarts it with
+// StartSnapshotter.
+func (d *Daemon) SnapshotterExited(wait time.Duration) bool {
 	if d.snapshotter == nil {
 		return false
 	}
 	select {
 	case <-d.snapshotter.done:
 		return true
-	default:
+	case <-time.After(wait):
 		return false
 	}
 }

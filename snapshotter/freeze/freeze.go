@@ -14,6 +14,10 @@
 // nothing else refers to name. The cklite snapshotter refuses the Commit while key's upper is
 // mounted (a running task would keep writing into the frozen layer): stop the task, or let the
 // shim checkpoint it, which unmounts around the freeze.
+//
+// Switch (switch.go) is the other direction: it moves a container to a fresh active snapshot on
+// another committed layer (a rollback, a restore, a fork), crash-safe: the container's record is
+// updated in one step from a key that exists to another that exists.
 package freeze
 
 import (

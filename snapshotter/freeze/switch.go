@@ -31,7 +31,7 @@ import (
 // A crash before 2 leaves the container on its old key and a fresh key that only the lease holds:
 // containerd's collector frees it when the lease expires. A crash between 2 and 3 leaves the
 // container on the fresh key and the old one unreferenced: the collector frees it too, and the
-// next switch or Recover removes it at once (LabelReplaces names it).
+// next switch removes it at once (LabelReplaces names it).
 //
 // The fresh key is "<container id>-<8 random hex digits>": unique without asking containerd,
 // and the same length after any number of switches. The container's key is therefore not always
@@ -99,27 +99,6 @@ func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm lea
 	fault.Point(fault.SwitchUpdated)
 	removeReplaced(ctx, sn, sw.Key, old)
 	return sw, nil
-}
-
-// Recover removes what a switch of container id that died after updating the container left: the
-// key its rootfs snapshot replaced. A shim calls it before it uses the container's rootfs.
-func Recover(ctx context.Context, sn snapshots.Snapshotter, cs Containers, id string) error {
-	ctr, err := cs.Get(ctx, id)
-	if err != nil {
-		return fmt.Errorf("recover the rootfs of container %s: %w", id, err)
-	}
-	if ctr.SnapshotKey == "" {
-		return nil
-	}
-	info, err := sn.Stat(ctx, ctr.SnapshotKey)
-	if errdefs.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("recover the rootfs of container %s: %w", id, err)
-	}
-	removeReplaced(ctx, sn, ctr.SnapshotKey, info.Labels[LabelReplaces])
-	return nil
 }
 
 // removeReplaced removes old, the key that current replaced, if it is still there. A failure is

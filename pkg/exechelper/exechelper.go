@@ -1,0 +1,75 @@
+// Package exechelper is the intermediate through which the cklite shim starts an exec inside the
+// container's process tree (see runtime/treeexec.go): run by libcontainer inside the container,
+// with the exec's namespaces, cgroup, credentials, seccomp filter, cwd, environment and stdio,
+// it forks the exec's program and exits, so that the kernel hands the program to the container's
+// PID 1. It is its own static binary (cmd/cklite-exec-helper), executed from an fd the shim
+// passes: the shim's binary is linked against the host's libc, which a container image need not
+// have (exec of it fails with ENOENT, its ELF interpreter missing). It imports nothing but the
+// standard library, so that it links statically.
+package exechelper
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+)
+
+// The intermediate's fds: its own binary (what it is executed from), its report to the shim ("ok
+// PID" or the error that kept the program from starting), and the shim's go-ahead to exit (EOF).
+const (
+	BinaryFd = 3
+	ReportFd = 4
+	GoFd     = 5
+)
+
+// Name is the binary's name, next to the shim's.
+const Name = "cklite-exec-helper"
+
+// Path is where the shim finds the binary: next to its own, else on PATH.
+func Path() (string, error) {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), Name)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath(Name)
+	if err != nil {
+		return "", fmt.Errorf("%s, which starts execs in the container's process tree, is neither next to the shim nor on PATH: %w", Name, err)
+	}
+	return p, nil
+}
+
+// Run is the intermediate's whole life: it starts args and exits. It does not return.
+func Run(args []string) {
+	for _, fd := range []int{BinaryFd, ReportFd, GoFd} {
+		syscall.CloseOnExec(fd)
+	}
+	report := os.NewFile(ReportFd, "report")
+	pid, err := forkArgs(args)
+	if err != nil {
+		fmt.Fprintf(report, "error: %v\n", err)
+		os.Exit(127)
+	}
+	fmt.Fprintf(report, "ok %d\n", pid)
+	report.Close()
+	// Exit only once the shim has a pidfd of the child: until then the child, even exited, is
+	// this process's unreaped child and its pid cannot be reused.
+	buf := make([]byte, 1)
+	_, _ = os.NewFile(GoFd, "go").Read(buf)
+	os.Exit(0)
+}
+
+// forkArgs starts args with this process's stdio, credentials, cwd and environment.
+func forkArgs(args []string) (int, error) {
+	if len(args) == 0 {
+		return 0, fmt.Errorf("no program to run")
+	}
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		return 0, err
+	}
+	return syscall.ForkExec(path, args, &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{0, 1, 2}})
+}
