@@ -223,3 +223,56 @@ func (e *ckEnv) checkSessionCheckpoint(t *testing.T, id string, pid int) {
 		t.Fatalf("the parent's session printed %q after the fork's changed", got)
 	}
 }
+
+// TestExecSessionMidCall checkpoints a container while a `cklite exec` call runs in its session
+// (the call's exec is in the dumped tree, docs/checkpoints.md): the call ends as usual, and after
+// a rollback to that checkpoint the call runs on from where it was, to its end, and the session
+// answers the next call with what the call left.
+func TestExecSessionMidCall(t *testing.T) {
+	e := newCkEnv(t)
+	id := "session-midcall"
+	c := e.newContainer(t, id, e.img, counterSpec)
+	if _, err := startTask(e.ctx, c); err != nil {
+		t.Fatalf("starting %s: %v", id, err)
+	}
+	gate := filepath.Join(e.d.RootfsPath(id), "tmp", "gate")
+	inSession(t, e.d, id, "export Z=before")
+	cmd := e.d.Command(context.Background(), "cklite", "--address", e.d.Address, "-n", e.d.Namespace, "exec", id, "--",
+		"echo start; while [ ! -e /tmp/gate ]; do sleep 0.01; done; export Z=after; echo end")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "start" {
+		t.Fatalf("the call's first line: %q, %v", lines.Text(), lines.Err())
+	}
+	ck := strings.TrimSpace(cklite(t, e.d, "checkpoint", "create", "-q", id))
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !lines.Scan() || lines.Text() != "end" {
+		t.Fatalf("the call's last line after the checkpoint: %q, %v", lines.Text(), lines.Err())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the call across a checkpoint: %v", err)
+	}
+	if got := inSession(t, e.d, id, "echo $Z"); got != "after\n" {
+		t.Fatalf("after the call the session printed %q", got)
+	}
+	inSession(t, e.d, id, "export Z=changed")
+	cklite(t, e.d, "rollback", id, ck)
+	// Rolled back mid-call: the call waits for the gate again, which the rollback took away.
+	if _, err := os.Stat(gate); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the gate after the rollback: %v, want it gone with the files made after the checkpoint", err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := inSession(t, e.d, id, "echo $Z"); got != "after\n" {
+		t.Fatalf("after the rollback the session printed %q, want what the restored call left", got)
+	}
+}

@@ -9,9 +9,9 @@
 // A session is one shell (bash if the container has it, else sh) that an exec starts detached
 // (setsid, stdio on /dev/null) and then ends: the kernel reparents the shell to the container's
 // PID 1, so it is part of the process tree a checkpoint dumps and a restore brings back, with its
-// memory. Nothing outside the container holds it: no exec stays open (a running exec would make
-// the shim refuse a memory checkpoint), no pipe or socket to the shim that CRIU would have to
-// treat as external.
+// memory. Between calls nothing outside the container holds it: no exec stays open, no pipe or
+// socket to the shim that CRIU would have to treat as external. So it needs nothing of the shim's
+// exec handling (a shim that keeps execs out of the dumped tree still checkpoints a session).
 //
 // Commands reach the shell through the container's filesystem, in a directory per session under
 // Dir (/tmp/.cklite-sessions/NAME by default: in the container's rootfs, which the snapshotter
