@@ -163,9 +163,22 @@ func (e *ckEnv) checkSessionCalls(t *testing.T, id, rootfs, shell string) int {
 // the command's first line.
 func (e *ckEnv) checkSessionStreams(t *testing.T, id, rootfs string) {
 	t.Helper()
-	gate := filepath.Join(rootfs, "tmp", "gate")
-	cmd := e.d.Command(context.Background(), "cklite", "--address", e.d.Address, "-n", e.d.Namespace, "exec", id, "--",
-		"echo ready; while [ ! -e /tmp/gate ]; do sleep 0.01; done; echo done")
+	startGatedCall(t, e.d, id, rootfs, "true").finish(t)
+}
+
+// gatedCall is a `cklite exec` call that prints its first line, then waits for /tmp/gate in the
+// container, then runs after and prints its last line: a test reads the first line, acts while
+// the call runs, and opens the gate.
+type gatedCall struct {
+	cmd   *exec.Cmd
+	lines *bufio.Scanner
+	gate  string // on the host
+}
+
+func startGatedCall(t *testing.T, d *harness.Daemon, id, rootfs, after string) *gatedCall {
+	t.Helper()
+	cmd := d.Command(context.Background(), "cklite", "--address", d.Address, "-n", d.Namespace, "exec", id, "--",
+		"echo first; while [ ! -e /tmp/gate ]; do sleep 0.01; done; "+after+"; echo last")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -173,18 +186,33 @@ func (e *ckEnv) checkSessionStreams(t *testing.T, id, rootfs string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	lines := bufio.NewScanner(stdout)
-	if !lines.Scan() || lines.Text() != "ready" {
-		t.Fatalf("cklite exec's first line: %q, %v", lines.Text(), lines.Err())
+	g := &gatedCall{cmd, bufio.NewScanner(stdout), filepath.Join(rootfs, "tmp", "gate")}
+	g.expectLine(t, "first")
+	return g
+}
+
+func (g *gatedCall) expectLine(t *testing.T, want string) {
+	t.Helper()
+	if !g.lines.Scan() || g.lines.Text() != want {
+		t.Fatalf("cklite exec printed %q (%v), want %q", g.lines.Text(), g.lines.Err(), want)
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+}
+
+// open makes the gate the call waits for.
+func (g *gatedCall) open(t *testing.T) {
+	t.Helper()
+	if err := os.WriteFile(g.gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if !lines.Scan() || lines.Text() != "done" {
-		t.Fatalf("cklite exec's second line: %q, %v", lines.Text(), lines.Err())
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatal(err)
+}
+
+// finish opens the gate and expects the call's last line and success.
+func (g *gatedCall) finish(t *testing.T) {
+	t.Helper()
+	g.open(t)
+	g.expectLine(t, "last")
+	if err := g.cmd.Wait(); err != nil {
+		t.Fatalf("cklite exec: %v", err)
 	}
 }
 
@@ -235,43 +263,20 @@ func TestExecSessionMidCall(t *testing.T) {
 	if _, err := startTask(e.ctx, c); err != nil {
 		t.Fatalf("starting %s: %v", id, err)
 	}
-	gate := filepath.Join(e.d.RootfsPath(id), "tmp", "gate")
 	inSession(t, e.d, id, "export Z=before")
-	cmd := e.d.Command(context.Background(), "cklite", "--address", e.d.Address, "-n", e.d.Namespace, "exec", id, "--",
-		"echo start; while [ ! -e /tmp/gate ]; do sleep 0.01; done; export Z=after; echo end")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := bufio.NewScanner(stdout)
-	if !lines.Scan() || lines.Text() != "start" {
-		t.Fatalf("the call's first line: %q, %v", lines.Text(), lines.Err())
-	}
+	call := startGatedCall(t, e.d, id, e.d.RootfsPath(id), "export Z=after")
 	ck := strings.TrimSpace(cklite(t, e.d, "checkpoint", "create", "-q", id))
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if !lines.Scan() || lines.Text() != "end" {
-		t.Fatalf("the call's last line after the checkpoint: %q, %v", lines.Text(), lines.Err())
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("the call across a checkpoint: %v", err)
-	}
+	call.finish(t)
 	if got := inSession(t, e.d, id, "echo $Z"); got != "after\n" {
 		t.Fatalf("after the call the session printed %q", got)
 	}
 	inSession(t, e.d, id, "export Z=changed")
 	cklite(t, e.d, "rollback", id, ck)
 	// Rolled back mid-call: the call waits for the gate again, which the rollback took away.
-	if _, err := os.Stat(gate); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(call.gate); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the gate after the rollback: %v, want it gone with the files made after the checkpoint", err)
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	call.open(t)
 	if got := inSession(t, e.d, id, "echo $Z"); got != "after\n" {
 		t.Fatalf("after the rollback the session printed %q, want what the restored call left", got)
 	}
