@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/fault"
+	"github.com/cklite/cklite/pkg/pagechain"
 )
 
 // CheckpointOpts are containerd's checkpoint options in engine terms.
@@ -111,6 +112,13 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 	}
 	opts.LeaveRunning = false
 	p.Init = true
+	// Pages in parent image directories (pkg/pagechain): nothing of the chain is rewritten while
+	// CRIU reads it.
+	chain, err := pagechain.ReadLock(o.ImagePath)
+	if err != nil {
+		return err
+	}
+	defer chain.Unlock()
 	// Until the restored init is held, no exec may join anything: the old init is gone.
 	c.guard.drop()
 	w := c.watchRestore(ctx, opts.WorkDirectory, lim)

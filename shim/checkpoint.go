@@ -74,6 +74,7 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err := ck.run(ctx, ns); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
+	s.dedupPages(ctx, ns, ck)
 	s.events.send(&eventstypes.TaskCheckpointed{ContainerID: c.id, Checkpoint: ck.path})
 	return empty, nil
 }

@@ -63,11 +63,11 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 // admitImages checks a CRIU image directory before anything is restored from it: complete, and
 // asking for nothing beyond spec (pkg/criuimage). Every restore is admitted, whatever made the
 // image: it may come from another host, a registry or another container.
-func admitImages(dir string, spec *specs.Spec) error {
+func admitImages(dir string, spec *specs.Spec, opts ...criuimage.AdmitOption) error {
 	if err := checkpoint.CheckImages(dir); err != nil {
 		return err
 	}
-	return criuimage.Admit(dir, spec)
+	return criuimage.Admit(dir, spec, opts...)
 }
 
 // restoreConfig prepares the configuration of a container created to restore a checkpoint: the

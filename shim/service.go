@@ -45,7 +45,7 @@ type service struct {
 	shutdown shutdown.Service
 	daemon   daemonClient
 	config   shimConfig
-	// admit checks a CRIU image directory before a restore from it (admitImages; unit tests,
+	// admit checks a CRIU image directory before a restore from it (admitChain; unit tests,
 	// whose images hold no processes, check only that they are complete).
 	admit func(dir string, spec *specs.Spec) error
 
@@ -62,8 +62,8 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 		shutdown:   sd,
 		containers: make(map[string]*container),
 		config:     loadShimConfig(ctx),
-		admit:      admitImages,
 	}
+	s.admit = s.admitChain
 	// Once, here, rather than on the first checkpoint: CRIU's lookup and its kerndat cache (a
 	// tmpfs mount) are the shim's start-up, never a side effect of a call.
 	if err := runtime.PrepareCRIU(); err != nil {

@@ -2,10 +2,14 @@ package checkpoint
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/cklite/cklite/pkg/criuimage"
 )
 
 // CheckImages verifies that dir holds a CRIU image set whose memory is complete, before a
@@ -13,7 +17,8 @@ import (
 // read ("Can't read async pr bytes"), which names no file.
 //
 // Every dumped process and shared memory segment has a pagemap-*.img, and the pages it maps
-// are in pages-<n>.img, n counting from 1 across the dump.
+// are in the pages file its head names: pages-<n>.img, n counting from 1 across the dump as CRIU
+// writes them, a new n where cklite stored the memory as what changed since a parent's.
 func CheckImages(dir string) error {
 	if _, err := os.Stat(filepath.Join(dir, "inventory.img")); err != nil {
 		if os.IsNotExist(err) {
@@ -21,16 +26,15 @@ func CheckImages(dir string) error {
 		}
 		return fmt.Errorf("checkpoint image directory: %w", err)
 	}
-	pagemaps, err := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
+	files, err := criuimage.PagesFiles(dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("checkpoint image directory %s: %w: %w", dir, err, errdefs.ErrInvalidArgument)
 	}
-	for n := 1; n <= len(pagemaps); n++ {
-		name := fmt.Sprintf("pages-%d.img", n)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 			if os.IsNotExist(err) {
-				return fmt.Errorf("checkpoint image directory %s is incomplete: %s is missing (%d memory maps): %w",
-					dir, name, len(pagemaps), errdefs.ErrInvalidArgument)
+				return fmt.Errorf("checkpoint image directory %s is incomplete: %s is missing (named by %s): %w",
+					dir, name, files[name], errdefs.ErrInvalidArgument)
 			}
 			return fmt.Errorf("checkpoint image directory: %w", err)
 		}

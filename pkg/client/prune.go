@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/pagechain"
 )
 
 // PruneOptions say which checkpoints Prune removes besides those whose recorded image directory
@@ -135,7 +136,8 @@ func (c *Client) orphanedDirs(ctx context.Context, lines []checkpoint.Line, prun
 		}
 		p := Pruned{ID: m.ID, Name: m.Name, Container: m.Container, Reason: "its checkpoint is no longer listed", ImageDir: dir}
 		if !dryRun {
-			if err := os.RemoveAll(dir); err != nil {
+			// Kept checkpoints may read pages from it: they get them first (pkg/pagechain).
+			if _, err := pagechain.Remove(dir); err != nil {
 				return res, fmt.Errorf("remove %s: %w", dir, err)
 			}
 			p.Removed = true

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/pagechain"
 )
 
 // RemoveOptions shape Remove.
@@ -113,7 +114,8 @@ func describe(ctr Container) string {
 
 // removeImageDir removes the image directory r recorded, but only while its metadata file still
 // names r: the directory may have been reused for another checkpoint, or may never have been
-// cklite's. A directory already gone is fine.
+// cklite's. A directory already gone is fine. The image directories that read pages from it
+// (pkg/pagechain) stay restorable: those pages are copied into them first.
 func removeImageDir(r checkpoint.Record) error {
 	if r.ImagePath == "" {
 		return nil
@@ -128,5 +130,6 @@ func removeImageDir(r checkpoint.Record) error {
 	if m.ID != r.ID {
 		return fmt.Errorf("left %s: it now holds checkpoint %s: %w", r.ImagePath, m.ID, errdefs.ErrFailedPrecondition)
 	}
-	return os.RemoveAll(r.ImagePath)
+	_, err = pagechain.Remove(r.ImagePath)
+	return err
 }

@@ -33,7 +33,13 @@ type Shim struct {
 	// RestoreLogLimitMiB bounds CRIU's restore.log, in MiB (fractions allowed); past it the
 	// restore is ended as past its timeout. Default DefaultRestoreLogLimitMiB; 0: no limit.
 	RestoreLogLimitMiB *float64 `toml:"restore_log_limit_mib"`
+	// DedupMemory stores each checkpoint's memory as what changed since its parent checkpoint's
+	// (pkg/pagechain), after the checkpoint, in the background. Default true.
+	DedupMemory *bool `toml:"dedup_memory"`
 }
+
+// DedupMemoryOn is DedupMemory with its default.
+func (c Shim) DedupMemoryOn() bool { return c.DedupMemory == nil || *c.DedupMemory }
 
 // Defaults of the restore limits: a container's restore takes well under a second per GiB of
 // memory here, and writes a few hundred KiB of log.

@@ -16,6 +16,7 @@ func TestLoadShim(t *testing.T) {
 		file    string // "" : no file at the named path
 		wantTTL time.Duration
 		wantDir string // "": the default
+		noDedup bool
 		wantErr string
 	}{
 		{name: "ttl", file: `checkpoint_ttl = "36h"`, wantTTL: 36 * time.Hour},
@@ -26,6 +27,8 @@ func TestLoadShim(t *testing.T) {
 		{name: "state dir", file: `state_dir = "/srv/cklite"`, wantDir: "/srv/cklite"},
 		{name: "relative state dir", file: `state_dir = "cklite"`, wantErr: "absolute"},
 		{name: "named file missing", wantErr: "reading configuration"},
+		{name: "dedup off", file: `dedup_memory = false`, noDedup: true},
+		{name: "dedup on", file: `dedup_memory = true`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, ok := loadShimFile(t, tc.file, tc.wantErr)
@@ -40,6 +43,9 @@ func TestLoadShim(t *testing.T) {
 			}
 			if c.StateDir != tc.wantDir {
 				t.Fatalf("StateDir = %q, want %q", c.StateDir, tc.wantDir)
+			}
+			if c.DedupMemoryOn() == tc.noDedup {
+				t.Fatalf("DedupMemoryOn = %v, want %v", c.DedupMemoryOn(), !tc.noDedup)
 			}
 		})
 	}

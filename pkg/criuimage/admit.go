@@ -22,12 +22,23 @@ import (
 //
 // What is not checked (docs/security.md): the seccomp filter's program, LSM labels, rlimits, the
 // memory and files' contents, and no_new_privs, which CRIU's images do not record.
-func Admit(dir string, spec *specs.Spec) error {
+//
+// An image directory whose pages are partly in a parent image directory (the `parent` link of
+// CRIU's incremental dumps, which cklite makes when it stores a checkpoint's memory as what
+// changed since its parent's, pkg/pagechain) is admitted only with ParentsUnder: every directory
+// of the chain must lie below that directory, which only cklite writes to. An image from
+// elsewhere (extracted, pulled, a client's directory) may not have a parent: the link could
+// name another container's checkpoint, whose memory CRIU would then restore.
+func Admit(dir string, spec *specs.Spec, opts ...AdmitOption) error {
+	var o admitOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	img, err := Read(dir)
 	if err != nil {
 		return fmt.Errorf("checkpoint image %s: %w: %w", dir, err, errdefs.ErrInvalidArgument)
 	}
-	if err := img.CheckPages(dir); err != nil {
+	if err := img.CheckPages(dir, o.parentsUnder); err != nil {
 		return fmt.Errorf("checkpoint image %s: %w: %w", dir, err, errdefs.ErrInvalidArgument)
 	}
 	if err := img.CheckSpec(spec); err != nil {
@@ -38,26 +49,44 @@ func Admit(dir string, spec *specs.Spec) error {
 
 // CheckPages compares every pagemap with the size of the page file it points to: CRIU reads
 // pages with preadv and, on a short file, its restorer loops for ever on reads that return 0.
-func (img *Image) CheckPages(dir string) error {
+// Pages in a parent image directory are refused unless parentsUnder names the directory the
+// parent chain must stay in (checkChain); "" means none may.
+func (img *Image) CheckPages(dir, parentsUnder string) error {
 	page := uint64(os.Getpagesize())
 	for _, t := range img.Tasks {
 		pm, ok := img.Pagemaps[t.Pid]
 		if !ok {
 			continue
 		}
-		if pm.Parent > 0 {
-			return fmt.Errorf("pagemap-%d.img: %d pages in a parent image, which cklite never makes", t.Pid, pm.Parent)
-		}
-		name := fmt.Sprintf("pages-%d.img", pm.PagesID)
-		fi, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			return fmt.Errorf("%s of process %d: %w", name, t.Pid, err)
-		}
-		if want := pm.Present * page; uint64(fi.Size()) != want {
-			return fmt.Errorf("%s is %d bytes, its pagemap (pagemap-%d.img) needs %d (%d pages): truncated or padded", name, fi.Size(), t.Pid, want, pm.Present)
+		if err := checkPagesFile(dir, t.Pid, pm.PagesID, pm.Present, page); err != nil {
+			return err
 		}
 	}
+	return checkChain(dir, img, parentsUnder)
+}
+
+// checkPagesFile checks that pages-<id>.img of process pid's pagemap in dir holds its present pages.
+func checkPagesFile(dir string, pid, id uint32, present, page uint64) error {
+	name := PagesName(id)
+	size, err := fileSize(filepath.Join(dir, name))
+	if err != nil {
+		return fmt.Errorf("%s of process %d: %w", name, pid, err)
+	}
+	if want := present * page; uint64(size) != want {
+		return fmt.Errorf("%s is %d bytes, its pagemap (pagemap-%d.img) needs %d (%d pages): truncated or padded", name, size, pid, want, present)
+	}
 	return nil
+}
+
+// AdmitOption is an option of Admit.
+type AdmitOption func(*admitOptions)
+
+type admitOptions struct{ parentsUnder string }
+
+// ParentsUnder admits pages in parent image directories when the directory and its whole chain of
+// parents lie below root.
+func ParentsUnder(root string) AdmitOption {
+	return func(o *admitOptions) { o.parentsUnder = root }
 }
 
 // CheckSpec checks the image's credentials, seccomp modes, namespaces and mounts against spec.

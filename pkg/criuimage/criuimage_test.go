@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -94,7 +95,7 @@ func (f fixture) write(t *testing.T) string {
 		"pstree.img":    image(magicPstree, msg(1, 1, 2, 0, 3, 1, 4, 1, 5, []uint32{1})),
 		"core-1.img": image(magicCore, msg(1, 1, 3, msg(1, 1, 2, 0, 3, 0, 4, 0, 5, 0, 6, "sh"), 4, f.ids,
 			5, msg(1, 0, 2, 0, 10, f.creds, 11, f.seccomp))),
-		"pagemap-1.img":     image(magicPagemap, msg(1, 1), msg(1, 0x400000, 2, 0, 4, pagePresent, 5, 2), msg(1, 0x500000, 2, 1, 4, pagePresent), msg(1, 0x600000, 2, 0, 4, 0, 5, 5)),
+		"pagemap-1.img":     image(magicPagemap, msg(1, 1), msg(1, 0x400000, 2, 0, 4, PagePresent, 5, 2), msg(1, 0x500000, 2, 1, 4, PagePresent), msg(1, 0x600000, 2, 0, 4, 0, 5, 5)),
 		"pages-1.img":       make([]byte, f.pages),
 		"mountpoints-9.img": image(magicMnts, f.mounts...),
 	}
@@ -249,5 +250,115 @@ func TestReadMissing(t *testing.T) {
 	_, err := Read(t.TempDir())
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("empty directory: %v, want not exist", err)
+	}
+}
+
+func TestAdmitChain(t *testing.T) {
+	page := uint64(os.Getpagesize())
+	spec := &specs.Spec{Process: &specs.Process{}}
+	run := func(vaddr, pages uint64, flags uint32) PageRun {
+		return PageRun{Vaddr: vaddr, Pages: pages, Flags: flags}
+	}
+	// The child holds page 0x400000 and reads 0x401000-0x402fff from its parent.
+	child := PagemapFile{PagesID: 3, Runs: []PageRun{run(0x400000, 1, PagePresent), run(0x401000, 2, PageParent)}}
+	parent := PagemapFile{PagesID: 1, Runs: []PageRun{run(0x400000, 3, PagePresent)}}
+	write := func(t *testing.T, dir string, pm PagemapFile, pages uint64) {
+		t.Helper()
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for name, b := range map[string][]byte{"pagemap-1.img": pm.Encode(), pm.PagesName(): make([]byte, pages*page)} {
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		setup   func(t *testing.T, root, dir, pdir string) // after the good chain is written
+		under   bool                                       // ParentsUnder(root)
+		wantErr string
+	}{
+		{name: "parent below the root", under: true},
+		{name: "no root given", wantErr: "an image from elsewhere may not have one"},
+		{name: "parent outside the root", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			out := t.TempDir()
+			write(t, out, parent, 3)
+			relink(t, dir, out)
+		}, wantErr: "is not below"},
+		{name: "parent lacks a page", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			write(t, pdir, PagemapFile{PagesID: 1, Runs: []PageRun{run(0x400000, 2, PagePresent)}}, 2)
+		}, wantErr: "page 0x402000 is in no pagemap run of the parent"},
+		{name: "parent's pages truncated", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			if err := os.Truncate(filepath.Join(pdir, "pages-1.img"), int64(page)); err != nil {
+				t.Fatal(err)
+			}
+		}, wantErr: "truncated or padded"},
+		{name: "parent without a pagemap for the process", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			os.Remove(filepath.Join(pdir, "pagemap-1.img"))
+		}, wantErr: "which has no pagemap for it"},
+		{name: "parent link is a directory", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			os.Remove(filepath.Join(dir, ParentLink))
+			write(t, filepath.Join(dir, ParentLink), parent, 3)
+		}, wantErr: "is not a symbolic link"},
+		{name: "parent link to a FIFO", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			fifo := filepath.Join(root, "fifo")
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			relink(t, dir, fifo)
+		}, wantErr: "is not a directory"},
+		{name: "chain loops", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			if err := os.Symlink(dir, filepath.Join(pdir, ParentLink)); err != nil {
+				t.Fatal(err)
+			}
+		}, wantErr: "loop"},
+		{name: "pages in parent without a link", under: true, setup: func(t *testing.T, root, dir, pdir string) {
+			os.Remove(filepath.Join(dir, ParentLink))
+		}, wantErr: "it has none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			f := fixture{creds: creds(0, 0), pages: int(page)}
+			dir := filepath.Join(root, "child")
+			if err := os.Rename(f.write(t), dir); err != nil {
+				t.Fatal(err)
+			}
+			os.Remove(filepath.Join(dir, "pages-1.img"))
+			write(t, dir, child, 1)
+			pdir := filepath.Join(root, "parent")
+			write(t, pdir, parent, 3)
+			relink(t, dir, pdir)
+			if tc.setup != nil {
+				tc.setup(t, root, dir, pdir)
+			}
+			var opts []AdmitOption
+			if tc.under {
+				opts = append(opts, ParentsUnder(root))
+			}
+			err := Admit(dir, spec, opts...)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v, want an invalid-argument error naming %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// relink points dir's parent link at target, relative as cklite makes it.
+func relink(t *testing.T, dir, target string) {
+	t.Helper()
+	rel, err := filepath.Rel(dir, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dir, ParentLink))
+	if err := os.Symlink(rel, filepath.Join(dir, ParentLink)); err != nil {
+		t.Fatal(err)
 	}
 }

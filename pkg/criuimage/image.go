@@ -221,61 +221,21 @@ type Pagemap struct {
 	PagesID uint32
 	Present uint64 // pages stored in the pages file
 	Parent  uint64 // pages said to be in a parent image
+	Runs    []PageRun
 }
 
-// Pagemap entry flags (CRIU's pagemap.h).
-const (
-	pageParent  = 1 << 0
-	pageLazy    = 1 << 1
-	pagePresent = 1 << 2
-)
-
 func decodePagemap(path string, entries [][]byte) (Pagemap, error) {
-	if len(entries) == 0 {
-		return Pagemap{}, fmt.Errorf("%s: no pagemap head", path)
-	}
-	var pm Pagemap
-	head, err := fields(entries[0])
+	f, err := decodePagemapFile(path, entries)
 	if err != nil {
-		return pm, fmt.Errorf("%s: head: %w", path, err)
+		return Pagemap{}, err
 	}
-	for _, f := range head {
-		if f.num == 1 {
-			pm.PagesID = uint32(f.v)
+	pm := Pagemap{PagesID: f.PagesID, Runs: f.Runs}
+	for _, r := range f.Runs {
+		if r.InParent() {
+			pm.Parent += r.Pages
 		}
-	}
-	for i, e := range entries[1:] {
-		fs, err := fields(e)
-		if err != nil {
-			return pm, fmt.Errorf("%s: entry %d: %w", path, i, err)
-		}
-		var nr, flags uint64
-		inParent, hasFlags := false, false
-		for _, f := range fs {
-			switch f.num {
-			case 2: // nr_pages (u32), 0 in CRIU 4.x images, which have pages (u64)
-				if nr == 0 {
-					nr = f.v
-				}
-			case 5:
-				nr = f.v
-			case 3:
-				inParent = f.v != 0
-			case 4:
-				flags, hasFlags = f.v, true
-			}
-		}
-		if !hasFlags { // images older than flags: in_parent or present
-			flags = pagePresent
-			if inParent {
-				flags = pageParent
-			}
-		}
-		if flags&pageParent != 0 {
-			pm.Parent += nr
-		}
-		if flags&pagePresent != 0 {
-			pm.Present += nr
+		if r.Present() {
+			pm.Present += r.Pages
 		}
 	}
 	return pm, nil

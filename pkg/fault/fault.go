@@ -39,6 +39,7 @@ const (
 	SwitchPrepared    = "switch-prepared"    // a switch's fresh key exists, the container does not refer to it yet
 	SwitchUpdated     = "switch-updated"     // the container refers to the fresh key, the old one is not removed yet
 	SnapshotterCommit = "snapshotter-commit" // the snapshotter's commit is written, its transaction not committed
+	PagechainSwap     = "pagechain-swap"     // a rewritten pages file is in place, the pagemap naming it not yet (pkg/pagechain)
 )
 
 var hits struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
@@ -24,6 +25,8 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
+	"github.com/cklite/cklite/pkg/criuimage"
+	"github.com/cklite/cklite/pkg/pagechain"
 )
 
 // criuDir writes a minimal CRIU image directory of checkpoint id.
@@ -265,5 +268,73 @@ func TestExtractBad(t *testing.T) {
 				t.Errorf("a failed extract left %d entries in the cache", len(entries))
 			}
 		})
+	}
+}
+
+// TestWriteFlattensChain exports a checkpoint whose memory is stored as what changed since its
+// parent's: the blob holds a self-contained image (no parent link, every page present), which
+// Untar (refusing links) unpacks.
+func TestWriteFlattensChain(t *testing.T) {
+	ctx := context.Background()
+	cs := newStore(t, t.TempDir())
+	root := t.TempDir()
+	page := os.Getpagesize()
+	dump := func(name, id, pages string) string {
+		dir := filepath.Join(root, name)
+		if err := os.Rename(criuDir(t, id), dir); err != nil {
+			t.Fatal(err)
+		}
+		pm := criuimage.PagemapFile{PagesID: 1, Runs: []criuimage.PageRun{{Vaddr: 0x400000, Pages: uint64(len(pages)), Flags: criuimage.PagePresent}}}
+		var data []byte
+		for _, c := range pages {
+			data = append(data, bytes.Repeat([]byte{byte(c)}, page)...)
+		}
+		for n, b := range map[string][]byte{"pagemap-1.img": pm.Encode(), "pages-1.img": data} {
+			if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	parent := dump("parent", "p", "abcd")
+	child := dump("child", "c", "abXd")
+	if res, err := pagechain.Dedup(child, parent); err != nil || res.InParent != 3 {
+		t.Fatalf("dedup: %+v, %v", res, err)
+	}
+	desc, err := writeDirTar(ctx, cs, child, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra, err := cs.ReaderAt(ctx, desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ra.Close()
+	r, err := compression.DecompressStream(content.NewReader(ra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	out := t.TempDir()
+	if err := ckimage.Untar(r, out); err != nil {
+		t.Fatalf("untar the exported images: %v", err)
+	}
+	pm, err := criuimage.ReadPagemap(filepath.Join(out, "pagemap-1.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(out, pm.PagesName()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for i := 0; i < len(data); i += page {
+		got = append(got, data[i])
+	}
+	if string(got) != "abXd" || pm.PresentPages() != 4 {
+		t.Fatalf("exported pages %q (%d present), want abXd", got, pm.PresentPages())
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 2 {
+		t.Fatalf("the flattened copy was left beside the directories: %v", entries)
 	}
 }

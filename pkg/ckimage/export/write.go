@@ -30,6 +30,7 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
+	"github.com/cklite/cklite/pkg/pagechain"
 )
 
 // Layer is one delta layer of a checkpoint image: a blob in the content store and the digest of
@@ -175,6 +176,13 @@ func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec
 	if err := checkpoint.CheckImages(dir); err != nil {
 		return ocispec.Descriptor{}, err
 	}
+	// A checkpoint image stands alone: memory stored as what changed since a parent checkpoint's
+	// is exported whole, from a flattened copy beside the directory (pkg/pagechain).
+	dir, done, err := pagechain.Flatten(dir, filepath.Dir(dir))
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer done()
 	w, err := content.OpenWriter(ctx, cs, content.WithRef("cklite-checkpoint-"+id))
 	if err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("write CRIU image blob: %w", err)

@@ -1,0 +1,153 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/criuimage"
+	"github.com/cklite/cklite/pkg/pagechain"
+)
+
+// Memory stored as what changed (pkg/pagechain): once a checkpoint is taken and its task runs
+// again, the shim rewrites the checkpoint's dump so that the pages equal to its parent
+// checkpoint's are read from the parent's image directory. Only image directories in cklite's
+// own checkpoints directory of the namespace (`cklite checkpoint create`'s) take part, as child
+// and as parent: a directory a client named is the client's, and may be moved or removed by
+// means that know nothing of the chain.
+
+// dedupMu runs one deduplication at a time in a shim: each reads two dumps.
+var dedupMu sync.Mutex
+
+// dedupLineage bounds how far up the container's lineage a parent with a memory dump is looked for.
+const dedupLineage = 4
+
+// dedupPages deduplicates checkpoint run ck's image directory against its parent's, in the
+// background, and writes what it did into the directory (pagechain.ReportFile).
+func (s *service) dedupPages(ctx context.Context, ns string, ck *checkpointRun) {
+	if ck.opts.ImagePath == "" {
+		return // the daemon's temporary directory, gone with the call
+	}
+	ctx = namespaces.WithNamespace(context.WithoutCancel(ctx), ns)
+	dir := ck.path
+	go func() {
+		dedupMu.Lock()
+		defer dedupMu.Unlock()
+		start := time.Now()
+		r := s.dedup(ctx, ns, dir)
+		r.TookMs = time.Since(start).Milliseconds()
+		l := log.G(ctx).WithFields(log.Fields{"dir": dir, "parent": r.Parent, "inParent": r.InParent, "present": r.Present,
+			"bytesBefore": r.BytesBefore, "bytesAfter": r.BytesAfter, "took": time.Since(start)})
+		if r.Skipped != "" {
+			l = l.WithField("skipped", r.Skipped)
+		}
+		l.Info("checkpoint memory deduplicated")
+		if err := pagechain.WriteReport(dir, r); err != nil {
+			log.G(ctx).WithError(err).Warn("checkpoint memory deduplication")
+		}
+	}()
+}
+
+// dedup deduplicates dir against the nearest checkpoint of its lineage that has a memory dump in
+// the same checkpoints directory.
+func (s *service) dedup(ctx context.Context, ns, dir string) pagechain.Report {
+	skip := func(why string, args ...any) pagechain.Report {
+		return pagechain.Report{Skipped: fmt.Sprintf(why, args...)}
+	}
+	cfg, err := s.config.get()
+	if err != nil {
+		return skip("%v", err)
+	}
+	if !cfg.DedupMemoryOn() {
+		return skip("dedup_memory = false")
+	}
+	meta, err := checkpoint.Read(dir)
+	if err != nil {
+		return skip("%v", err)
+	}
+	if !meta.Contents.HasMemory() {
+		return skip("no memory dump")
+	}
+	inst, err := s.daemon.instance(ctx, cfg.StateDir)
+	if err != nil {
+		return skip("%v", err)
+	}
+	root, err := inst.NamespaceCheckpoints(ns)
+	if err != nil {
+		return skip("%v", err)
+	}
+	if filepath.Dir(filepath.Clean(dir)) != root {
+		return skip("not in cklite's checkpoints directory %s", root)
+	}
+	id, pdir, err := s.memoryParent(ctx, ns, meta, root)
+	if err != nil {
+		return skip("%v", err)
+	}
+	if id == "" {
+		return skip("no checkpoint of its lineage has a memory dump in %s", root)
+	}
+	res, err := pagechain.Dedup(dir, pdir)
+	if err != nil {
+		return pagechain.Report{Parent: id, Skipped: err.Error()}
+	}
+	return pagechain.Report{Parent: id, Result: res}
+}
+
+// memoryParent is the nearest checkpoint of meta's lineage with a memory dump in root, and its
+// image directory; "" when there is none.
+func (s *service) memoryParent(ctx context.Context, ns string, meta checkpoint.Meta, root string) (string, string, error) {
+	lm, err := s.daemon.leases()
+	if err != nil {
+		return "", "", err
+	}
+	lineage := checkpoint.ParseLineage(meta.Lineage)
+	for _, id := range lineage[:min(len(lineage), dedupLineage)] {
+		ls, err := lm.List(ctx, fmt.Sprintf("id==%q", checkpoint.LeaseID(id)))
+		if err != nil {
+			return "", "", fmt.Errorf("look up checkpoint %s: %w", id, err)
+		}
+		if len(ls) != 1 {
+			continue // removed or expired
+		}
+		r, err := checkpoint.FromLease(ns, ls[0])
+		if err != nil || !r.Contents.HasMemory() || r.ImagePath == "" || filepath.Dir(filepath.Clean(r.ImagePath)) != root {
+			continue
+		}
+		if m, err := checkpoint.Read(r.ImagePath); err != nil || m.ID != id {
+			continue // the directory is gone or holds another checkpoint
+		}
+		return id, r.ImagePath, nil
+	}
+	return "", "", nil
+}
+
+// admitChain is admitImages for this shim's containerd: an image directory whose pages are partly
+// in parent image directories is admitted when the whole chain is in cklite's checkpoints
+// directory. The chain is read-locked meanwhile: no deduplication rewrites it under the check.
+func (s *service) admitChain(dir string, spec *specs.Spec) error {
+	l, err := pagechain.ReadLock(dir)
+	if err != nil {
+		return admitImages(dir, spec) // no directory to lock: it says why
+	}
+	defer l.Unlock()
+	var opts []criuimage.AdmitOption
+	if len(l.Dirs) > 1 {
+		cfg, err := s.config.get()
+		if err != nil {
+			return err
+		}
+		inst, err := s.daemon.instance(s.ctx, cfg.StateDir)
+		if err != nil {
+			return fmt.Errorf("checkpoint image %s has a parent image directory, whose place cannot be checked: %w", dir, err)
+		}
+		opts = append(opts, criuimage.ParentsUnder(inst.Checkpoints()))
+	}
+	return admitImages(dir, spec, opts...)
+}
