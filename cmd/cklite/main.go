@@ -54,6 +54,7 @@ var commands = []command{
 	{name: "checkpoint prune", summary: "Remove the checkpoints whose image directory is gone (--unreferenced: also those no checkpoint image or --dir holds; --orphaned: also those of gone containers nothing descends from).", flags: checkpointPruneFlags},
 	{name: "rollback", args: "CONTAINER [CHECKPOINT]", summary: "Roll a running container back to a checkpoint in place: same task, stdio and network namespace.", flags: rollbackFlags},
 	{name: "fork", args: "[CHECKPOINT]", summary: "Restore one checkpoint into N new containers, all running at once.", flags: forkFlags},
+	{name: "exec", args: "CONTAINER -- COMMAND...", summary: "Run COMMAND in a shell session inside a running container: cwd, variables, functions and jobs stay for the next exec, and across checkpoint, rollback and fork. Exits with COMMAND's status (docs/sessions.md).", flags: execFlags},
 	{name: "setup", summary: "Write the configuration of containerd, cklite-snapshotter, the shim and nerdctl for a cklite instance under one directory (docs/configuration.md).", flags: setupFlags},
 	{name: "daemon start", summary: "Start the daemons of a cklite setup directory in the background: cklite-snapshotter, and its own containerd.", flags: daemonStartFlags},
 	{name: "daemon stop", summary: "Stop the daemons that daemon start started.", flags: daemonStopFlags},
@@ -93,6 +94,10 @@ func main() {
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		return
+	}
+	var status exitStatus
+	if errors.As(err, &status) {
+		os.Exit(int(status)) // exec: the command's own status, its stderr said the rest
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "cklite: %v\n", err)
@@ -186,7 +191,10 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	if rest := fs.Args(); len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
 		return rest, nil // after --, all are arguments
 	}
-	for _, a := range fs.Args() {
+	for i, a := range fs.Args() {
+		if a == "--" { // CONTAINER -- COMMAND...: all after it are arguments
+			return append(fs.Args()[:i:i], fs.Args()[i+1:]...), nil
+		}
 		if strings.HasPrefix(a, "-") && a != "-" {
 			return nil, fmt.Errorf("flag %s after the arguments: flags go first (cklite %s --help)", a, strings.TrimPrefix(fs.Name(), "cklite "))
 		}

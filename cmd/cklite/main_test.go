@@ -53,6 +53,8 @@ func TestParse(t *testing.T) {
 		{args: []string{"--image", "a", "b"}, want: []string{"a", "b"}},
 		{args: []string{"-image", "--", "-a"}, want: []string{"-a"}}, // after --, arguments only
 		{args: []string{}, want: []string{}},
+		{args: []string{"c", "--", "echo", "--", "-n"}, want: []string{"c", "echo", "--", "-n"}}, // exec's CONTAINER -- COMMAND
+		{args: []string{"c", "--", "--image"}, want: []string{"c", "--image"}},
 		{args: []string{"a", "--image"}, says: "flag --image after the arguments"},
 		{args: []string{"--bogus"}, says: "not defined"},
 	} {
@@ -97,6 +99,10 @@ func TestRunRefusesMisuse(t *testing.T) {
 		{args: []string{"daemon", "stop", "--root", "/nonexistent"}, isErr: func(error) bool { return true }, says: "a root that cklite setup wrote"},
 		{args: []string{"image", "build"}, isErr: errdefs.IsInvalidArgument, says: "name an image to build: busybox, pause, sandbox"},
 		{args: []string{"image", "build", "nginx"}, isErr: errdefs.IsInvalidArgument, says: `no image "nginx"`},
+		{args: []string{"exec", "c"}, isErr: errdefs.IsInvalidArgument, says: "want CONTAINER -- COMMAND"},
+		{args: []string{"exec", "--list", "c", "--", "ls"}, isErr: errdefs.IsInvalidArgument, says: "take CONTAINER alone"},
+		{args: []string{"exec", "--list", "--close", "c"}, isErr: errdefs.IsInvalidArgument, says: "exclude each other"},
+		{args: []string{"exec", "--format", "json", "c", "--", "ls"}, isErr: errdefs.IsInvalidArgument, says: "go with --list"},
 		{args: []string{"paths", "--format", "yaml"}, isErr: errdefs.IsInvalidArgument, says: `format "yaml"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
