@@ -57,8 +57,24 @@ func shAgent(period string) string {
 	return strings.Replace(s, "sleep 0.02", "sleep "+period, 1)
 }
 
-// pyAgent is the same loop in python; %d is the memory to hold in MB.
-const pyAgent = `import os, time, uuid
+// pyAgent is the same loop in python; %d is the memory to hold in MB. A thread speaks the probe's
+// protocol (probe/main.go: "TOKEN TICKS 0" in /tmp/probe, gaps over 10 ms between 1 ms ticks
+// appended to /tmp/gaps), so the agent's downtime is measured as the busybox one's is.
+const pyAgent = `import os, threading, time, uuid
+def probe():
+    tok, ticks, last = uuid.uuid4().hex[:16], 0, time.monotonic()
+    while True:
+        time.sleep(0.001)
+        now = time.monotonic()
+        if now - last > 0.010:
+            with open("/tmp/gaps", "a") as f:
+                f.write("%%d %%d\n" %% (time.time_ns(), int((now - last) * 1e9)))
+        last, ticks = now, ticks + 1
+        if ticks %% 20 == 0:
+            with open("/tmp/probe.new", "w") as f:
+                f.write("%%s %%d 0\n" %% (tok, ticks))
+            os.replace("/tmp/probe.new", "/tmp/probe")
+threading.Thread(target=probe, daemon=True).start()
 held = bytearray(os.urandom(%d << 20))
 state = {k: str(k) for k in range(100000)}
 t, i = str(uuid.uuid4()), 0

@@ -20,8 +20,6 @@ type series struct {
 	files    int // files of the project directory written before the first checkpoint
 }
 
-// probed says whether the series' container runs the probe, which measures downtime.
-func (s series) probed() bool { return s.agent == busyboxAgent }
 
 // measured is what one system did in one workload.
 type measured struct {
@@ -57,14 +55,11 @@ func order(i int) []string {
 	return r
 }
 
-// ready waits for a new sandbox's agent to run and returns the token that tells its processes
-// from restarted ones: the probe's where it runs, else the agent's counter's.
-func (e *env) ready(b sandbox, probed bool) (string, error) {
-	if probed {
-		return waitProbe(b.rootfs(), "")
-	}
-	c, err := (workload.Counter{Rootfs: b.rootfs()}).WaitStarted(e.ctx)
-	return c.Token, err
+// ready waits for a new sandbox's agent to run and returns the token of its probe, which tells
+// its processes from restarted ones. Every agent runs the probe, which also measures downtime: the
+// busybox agent next to its shell, the python agent in a thread of its own (pyAgent).
+func (e *env) ready(b sandbox) (string, error) {
+	return waitProbe(b.rootfs(), "")
 }
 
 // runSeries runs one configuration on both systems: k checkpoints, each after the counter moved
@@ -151,22 +146,20 @@ func (e *env) seriesCheckpoint(w where, s series, sys string, b sandbox, m *meas
 	}
 	m.checkpoint = append(m.checkpoint, took)
 	down := "-"
-	if s.probed() {
-		// The probe logs its gap on its first tick after the checkpoint; seeing it tick with its
-		// token also shows the checkpoint left the container running, same process.
-		_, err := e.op(w, sys, "probe after "+step, func() error {
-			if _, err := waitProbe(b.rootfs(), token); err != nil {
-				return err
-			}
-			d, err := downtime(b.rootfs(), start, time.Now())
-			if err == nil {
-				m.downtime, down = append(m.downtime, d), fmtMs(d)
-			}
+	// The probe logs its gap on its first tick after the checkpoint; seeing it tick with its
+	// token also shows the checkpoint left the container running, same process.
+	_, err = e.op(w, sys, "probe after "+step, func() error {
+		if _, err := waitProbe(b.rootfs(), token); err != nil {
 			return err
-		})
-		if err != nil {
-			return c, h, err
 		}
+		d, err := downtime(b.rootfs(), start, time.Now())
+		if err == nil {
+			m.downtime, down = append(m.downtime, d), fmtMs(d)
+		}
+		return err
+	})
+	if err != nil {
+		return c, h, err
 	}
 	if _, err := e.op(w, sys, "measuring "+step, func() error { return e.afterCheckpoint(b, i, m, diskBefore) }); err != nil {
 		// The checkpoint was taken: rollbacks may go to it.
@@ -216,7 +209,7 @@ func (e *env) setUp(w where, s series, boxes map[string]sandbox) (map[string]str
 		}
 		boxes[sys] = b
 		_, err = e.op(w, sys, "preparing the container", func() (err error) {
-			if tokens[sys], err = e.ready(b, s.probed()); err != nil {
+			if tokens[sys], err = e.ready(b); err != nil {
 				return err
 			}
 			if s.files > 0 {
@@ -330,10 +323,8 @@ func (e *env) verify(rootfs string, at workload.Count, hash, token string, s ser
 	if err := (workload.Counter{Rootfs: rootfs}).ExpectRestored(e.ctx, at); err != nil {
 		return err
 	}
-	if s.probed() {
-		if _, err := waitProbe(rootfs, token); err != nil {
-			return err
-		}
+	if _, err := waitProbe(rootfs, token); err != nil {
+		return err
 	}
 	if err := checkPasswd(rootfs); err != nil {
 		return err
