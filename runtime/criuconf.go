@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -112,7 +113,9 @@ func withoutLabel(labels []string, key string) []string {
 // in every checkpoint's path): its own network namespace named so that the dump leaves it out as
 // external, and exactly options given to CRIU through WithCRIUOptions. Options an earlier restore
 // or dump was given go: with leave-stopped, a dump would leave the processes stopped instead of
-// ending them. It first waits for init to exec the user's program (waitUserExec): a caller that
+// ending them. On a cgroup v1 host whose hierarchies form a yard, the dump opens them there
+// instead of mounting each (cgroupYardOption): restores are configured apart and keep their
+// own. It first waits for init to exec the user's program (waitUserExec): a caller that
 // freezes the cgroup before the dump (a leave-running checkpoint) would otherwise freeze an init
 // that still runs the shim's binary, which CRIU cannot dump.
 func (c *Container) PrepareDump(dir string, options ...string) error {
@@ -121,6 +124,9 @@ func (c *Container) PrepareDump(dir string, options ...string) error {
 	changed, err := nameNetNS(&cfg, c.InitPid())
 	if err != nil {
 		return err
+	}
+	if yard := cgroupYardOption(c.InitPid()); yard != "" {
+		options = append(slices.Clip(options), yard)
 	}
 	if len(options) > 0 {
 		if err := WithCRIUOptions(&cfg, dir, options...); err != nil {
