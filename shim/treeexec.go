@@ -114,7 +114,7 @@ func (c *container) captureExecs(dir string) error {
 	if ids := c.execsOutsideTree(); len(ids) > 0 {
 		why := fmt.Sprintf("with a terminal, in a PID namespace not the container's own, or %s=false", execTreeAnnotation)
 		if c.reaping.gaveUp() {
-			why += "; or because the container's PID 1 does not reap exited execs: run it with an init that reaps (nerdctl run --init, tini) or a shell as PID 1, see docs/checkpoints.md"
+			why = "the container's PID 1 does not reap exited execs (they stayed zombies), so its execs run as the shim's children: run it with an init that reaps (nerdctl run --init, tini) or a shell as PID 1, see docs/checkpoints.md; or " + why
 		}
 		return fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: %s): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
 			c.id, len(ids), strings.Join(ids, ", "), why, errdefs.ErrFailedPrecondition)
