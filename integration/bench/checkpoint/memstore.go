@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/client"
 	"github.com/cklite/cklite/pkg/pagechain"
 )
 
@@ -54,15 +55,15 @@ func (s *ckliteBox) settle(i int) error {
 }
 
 // memoryDisk sums, over the container's image directories, the size of the images as CRIU wrote
-// them (cklite.json's memoryBytes) and as they are now (their own files: the parent link, to
-// the pages they share, is not followed).
+// them (cklite.json's memoryBytes) and as they are stored now (client.MemoryStored, what
+// `cklite checkpoint ls` shows).
 func (s *ckliteBox) memoryDisk() (logical, stored int64, err error) {
 	for _, dir := range s.dirs {
 		m, err := checkpoint.Read(dir)
 		if err != nil {
 			return 0, 0, err
 		}
-		size, err := checkpoint.ImageSize(dir)
+		size, err := client.MemoryStored(dir)
 		if err != nil {
 			return 0, 0, err
 		}
