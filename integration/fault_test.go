@@ -294,6 +294,15 @@ func (e *faultEnv) runningOrRestart(t *testing.T, c client.Container, cnt counte
 		case client.Running:
 			running = true
 			return nil
+		case client.Paused:
+			// The Go client pauses a non-runc task around its checkpoint and resumes it after;
+			// killed with containerd in between, it leaves the task paused, as it would a runc
+			// one: resuming it is the client's (or the operator's) part, and the same process
+			// must then run on.
+			if err := task.Resume(e.ctx); err != nil {
+				return err
+			}
+			return errors.New("resumed the task the dead client had paused, checking again")
 		case client.Stopped, client.Unknown:
 			_, err := task.Delete(e.ctx, client.WithProcessKill)
 			if err == nil || errdefs.IsNotFound(err) {
