@@ -228,6 +228,8 @@ func (s *ckliteBox) criu(i int) (criuStats, error) { return s.criuStats(s.cid, i
 
 func (s *ckliteBox) shimPeak() uint64 { return s.daemon.shimPeak(s.cid) }
 
+// diskDirs holds the whole checkpoints directory of the namespace: the workloads checkpoint one
+// cklite container at a time, and a fork writes no image directory.
 func (s *ckliteBox) diskDirs() []string {
 	return []string{filepath.Join(s.d.Dir, "cklite-snapshotter"), s.ckRoot}
 }
