@@ -32,6 +32,7 @@ import (
 type TreeProcess struct {
 	Pid   int      // in the shim's PID namespace
 	NSPid int      // in the container's PID namespace: what a restore gives it back
+	Start uint64   // start time (/proc/PID/stat): tells a zombie of it from a reuse of its pid
 	PidFD *os.File // for its exit (TreeExitStatus)
 	Stdio []string // identities of its fds 0-2 ("pipe:[N]", ...): what a restore re-supplies
 }
@@ -116,6 +117,10 @@ func treeProcessOf(pid int) (*TreeProcess, error) {
 	}
 	tp := &TreeProcess{Pid: pid, PidFD: os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid))}
 	if tp.NSPid, err = nsPid(pid); err != nil {
+		tp.PidFD.Close()
+		return nil, err
+	}
+	if tp.Start, err = startTime(pid); err != nil {
 		tp.PidFD.Close()
 		return nil, err
 	}

@@ -59,16 +59,10 @@ func pidfdExit(pidfd *os.File) (unix.WaitStatus, bool) {
 }
 
 // parseStatExit returns the state (field 3) and exit code (field 52) of a /proc/PID/stat line.
-// The command (field 2) is parenthesised and may hold spaces and parentheses: fields are
-// counted from the last ')'.
 func parseStatExit(stat string) (string, int, error) {
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return "", 0, fmt.Errorf("malformed stat %q", stat)
-	}
-	fields := strings.Fields(stat[i+1:]) // field 3 onwards
-	if len(fields) < 50 {
-		return "", 0, fmt.Errorf("stat has %d fields, want 52", len(fields)+2)
+	fields, err := statFields(stat, 52)
+	if err != nil {
+		return "", 0, err
 	}
 	code, err := strconv.Atoi(fields[49])
 	if err != nil {
@@ -96,4 +90,43 @@ func nsPid(pid int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("pid of %d in its namespace: %w", pid, errNoNSPid)
+}
+
+// statFields are the fields of a /proc/PID/stat line from field 3 (the state) on, at least up
+// to field want. The command (field 2) is parenthesised and may hold spaces and parentheses:
+// fields are counted from the last ')'.
+func statFields(stat string, want int) ([]string, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("malformed stat %q", stat)
+	}
+	fields := strings.Fields(stat[i+1:])
+	if len(fields) < want-2 {
+		return nil, fmt.Errorf("stat has %d fields, want %d", len(fields)+2, want)
+	}
+	return fields, nil
+}
+
+// startTime is pid's start time (field 22 of /proc/PID/stat, clock ticks since boot): with the
+// pid, it names one process, whose pid may be reused once it is reaped.
+func startTime(pid int) (uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("start time of %d: %w", pid, err)
+	}
+	fields, err := statFields(string(data), 22)
+	if err != nil {
+		return 0, fmt.Errorf("start time of %d: %w", pid, err)
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// IsZombie reports whether the process pid that started at start has exited and is not reaped.
+func IsZombie(pid int, start uint64) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	fields, err := statFields(string(data), 22)
+	return err == nil && fields[0] == "Z" && fields[19] == strconv.FormatUint(start, 10)
 }

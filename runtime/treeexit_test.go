@@ -52,19 +52,7 @@ func TestTreeExitStatus(t *testing.T) {
 		{name: "killed", script: "kill -9 $$", want: 9},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command("sh", "-c", tc.script)
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pidfd := os.NewFile(uintptr(fd), "pidfd")
-			defer pidfd.Close()
-			if err := WaitTreeExit(pidfd); err != nil {
-				t.Fatal(err)
-			}
+			cmd, pidfd := exitedChild(t, "sh", "-c", tc.script)
 			if ws, err := TreeExitStatus(pidfd, cmd.Process.Pid); err != nil || ws != tc.want {
 				t.Fatalf("zombie: got %v %v, want %v", ws, err, tc.want)
 			}
@@ -73,5 +61,48 @@ func TestTreeExitStatus(t *testing.T) {
 				t.Fatalf("reaped: got %v %v, want %v", ws, err, tc.want)
 			}
 		})
+	}
+}
+
+// exitedChild starts name args and waits, through a pidfd, for it to exit: it is then a zombie
+// until cmd.Wait.
+func exitedChild(t *testing.T, name string, args ...string) (*exec.Cmd, *os.File) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidfd := os.NewFile(uintptr(fd), "pidfd")
+	t.Cleanup(func() { pidfd.Close() })
+	if err := WaitTreeExit(pidfd); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, pidfd
+}
+
+// TestIsZombie: a process is a zombie from its exit until its parent reaps it, and only under
+// the start time it was read with (a reused pid is another process).
+func TestIsZombie(t *testing.T) {
+	cmd, _ := exitedChild(t, "true")
+	pid := cmd.Process.Pid
+	start, err := startTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !IsZombie(pid, start) {
+		t.Fatalf("exited, unreaped %d is not a zombie", pid)
+	}
+	if IsZombie(pid, start+1) {
+		t.Fatalf("%d is a zombie under another start time", pid)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if IsZombie(pid, start) {
+		t.Fatalf("reaped %d is still a zombie", pid)
 	}
 }

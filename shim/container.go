@@ -42,7 +42,8 @@ type container struct {
 	spec       *specs.Spec
 	cfgOpts    runtime.ConfigOptions
 	stateRoot  string
-	sharedPid  bool // no private PID namespace: init's exit does not take the others along
+	sharedPid  bool      // no private PID namespace: init's exit does not take the others along
+	reaping    reapCheck // whether its PID 1 reaps the execs of its tree (reapcheck.go)
 	cgroup     *runtime.Cgroup
 	// cgroupOf loads a process's cgroup: runtime.LoadCgroup, a fake in unit tests.
 	cgroupOf func(pid int) (*runtime.Cgroup, error)

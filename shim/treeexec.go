@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -27,11 +28,12 @@ import (
 // (captureExecs). So do the execs of a container without a PID namespace of its own (a pod's
 // shared one, the host's): an orphan there goes to the pod's or the host's reaper, never to the
 // container's init. An annotation opts a container out: its execs all run as the shim's children.
+// So does a container whose PID 1 turns out not to reap them (reapcheck.go), from then on.
 const execTreeAnnotation = "cklite.io/exec-in-tree"
 
 // execsInTree reports whether p starts in the container's process tree.
 func (c *container) execsInTree(p *process) bool {
-	return !p.stdio.Terminal && !c.sharedPid && c.spec.Annotations[execTreeAnnotation] != "false"
+	return !p.stdio.Terminal && !c.sharedPid && c.spec.Annotations[execTreeAnnotation] != "false" && c.pid1Reaps()
 }
 
 // launchInTree starts an exec in the container's process tree with its stdio (never the
@@ -87,6 +89,7 @@ func (s *service) watchTree(c *container, p *process) {
 	if p.handOver(code) || p.treeProcess() != tp {
 		return
 	}
+	c.reaping.exited(tp.Pid, tp.Start, time.Now()) // before the exit is published: seen by the next exec
 	s.publishExit(c, p, tp.Pid, code)
 	c.execExited()
 	tp.PidFD.Close()
@@ -109,8 +112,12 @@ func signalTree(tp *runtime.TreeProcess, sig unix.Signal) error {
 // the init's PID namespace gone, kill them. Execs in the tree are dumped with the init.
 func (c *container) captureExecs(dir string) error {
 	if ids := c.execsOutsideTree(); len(ids) > 0 {
-		return fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: with a terminal, in a PID namespace not the container's own, or %s=false): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
-			c.id, len(ids), strings.Join(ids, ", "), execTreeAnnotation, errdefs.ErrFailedPrecondition)
+		why := fmt.Sprintf("with a terminal, in a PID namespace not the container's own, or %s=false", execTreeAnnotation)
+		if c.reaping.gaveUp() {
+			why = "the container's PID 1 does not reap exited execs (they stayed zombies), so its execs run as the shim's children: run it with an init that reaps (nerdctl run --init, tini) or a shell as PID 1, see docs/checkpoints.md; or " + why
+		}
+		return fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: %s): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
+			c.id, len(ids), strings.Join(ids, ", "), why, errdefs.ErrFailedPrecondition)
 	}
 	return writeExecStdio(c, dir)
 }
