@@ -57,9 +57,7 @@ func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string)
 			}
 			return printJSON(cli.stdout, views)
 		}
-		v := newViewer(ctx, cl, cli)
-		files := func(r checkpoint.Record) string { return fsSize(v.view(r)) }
-		return lsView{tree: tree, files: files, now: time.Now()}.write(cli.stdout)
+		return lsView{tree: tree, describe: newViewer(ctx, cl, cli).view, now: time.Now()}.write(cli.stdout)
 	}
 }
 
@@ -226,15 +224,4 @@ func (vw *viewer) view(r checkpoint.Record) ckclient.Checkpoint {
 		log.G(vw.ctx).WithError(err).WithField("checkpoint", r.ID).Warn("usage of the frozen layer")
 	}
 	return v
-}
-
-// fsSize is the FILES column: "-" without a frozen layer, "?" when its usage is unknown.
-func fsSize(v ckclient.Checkpoint) string {
-	switch {
-	case !v.Contents.HasFS():
-		return "-"
-	case v.Filesystem == nil:
-		return "?"
-	}
-	return size(v.Filesystem.Bytes)
 }

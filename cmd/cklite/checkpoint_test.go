@@ -18,17 +18,23 @@ func record(id, parent string, contents checkpoint.Contents, age time.Duration) 
 	}}
 }
 
-func TestFSSize(t *testing.T) {
+// TestSizeColumns checks ls's FILES (fsSize) and STORED (memStored) cells.
+func TestSizeColumns(t *testing.T) {
+	stored := int64(12_000)
 	for _, tc := range []struct {
-		name string
-		view ckclient.Checkpoint
-		want string
+		name   string
+		column func(ckclient.Checkpoint) string
+		view   ckclient.Checkpoint
+		want   string
 	}{
-		{"no frozen layer", ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.MemoryOnly}}, "-"},
-		{"usage unknown", ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.FSOnly}}, "?"},
-		{"usage", ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.MemoryAndFS}, Filesystem: &ckclient.FSUsage{Bytes: 12_000}}, "12kB"},
+		{"no frozen layer", fsSize, ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.MemoryOnly}}, "-"},
+		{"usage unknown", fsSize, ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.FSOnly}}, "?"},
+		{"usage", fsSize, ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.MemoryAndFS}, Filesystem: &ckclient.FSUsage{Bytes: 12_000}}, "12kB"},
+		{"no memory dump", memStored, ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.FSOnly}}, "-"},
+		{"image directory gone", memStored, ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.MemoryOnly, MemoryBytes: 4_200_000}}, "?"},
+		{"stored", memStored, ckclient.Checkpoint{Meta: checkpoint.Meta{Contents: checkpoint.MemoryAndFS, MemoryBytes: 4_200_000}, MemoryStoredBytes: &stored}, "12kB"},
 	} {
-		if got := fsSize(tc.view); got != tc.want {
+		if got := tc.column(tc.view); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}

@@ -22,28 +22,29 @@ const lsWidth = 100
 // chain of a thousand checkpoints fits as well.
 const maxIndent = 15
 
-// lsView is what `cklite checkpoint ls` draws: the tree, and how to name a frozen layer's size.
+// lsView is what `cklite checkpoint ls` draws: the tree, and how to describe a checkpoint (the
+// sizes of its stored memory and of its frozen layer).
 type lsView struct {
-	tree *ckclient.Tree
-	// files is a checkpoint's FILES column: its frozen layer's size, "-" or "?".
-	files func(checkpoint.Record) string
-	now   time.Time
+	tree     *ckclient.Tree
+	describe func(checkpoint.Record) ckclient.Checkpoint
+	now      time.Time
 }
 
 // lsColumns are the columns, and how narrow those that shrink (truncated with "…") get when the
 // lines would not fit lsWidth: the names, which may be any length (NOW keeps at least "◀" and a
-// short id); ids, sizes and ages never shrink.
+// short id, CONTAINER its header); ids, sizes and ages never shrink.
 var lsColumns = []struct {
 	header string
 	min    int // 0: never shrinks
 }{
-	{"CHECKPOINT", 0}, {"NAME", 8}, {"CONTAINER", 8}, {"AGE", 0},
-	{"MEMORY", 0}, {"FILES", 0}, {"EXPIRES", 0}, {"NOW", 14},
+	{"CHECKPOINT", 0}, {"NAME", 6}, {"CONTAINER", 9}, {"AGE", 0},
+	{"MEMORY", 0}, {"STORED", 0}, {"FILES", 0}, {"EXPIRES", 0}, {"NOW", 14},
 }
 
 // write draws the tree: one checkpoint a line, children under their parent (oldest first), its
 // name, the container it was taken of (nerdctl's name, or the id's first 12 digits), its age,
-// the sizes of its memory and its frozen layer, its expiry (the column only when one expires),
+// the sizes of its memory (as dumped, and as stored: see memStored) and its frozen layer, its
+// expiry (the column only when one expires),
 // and in NOW "◀" and the containers whose current state it is.
 func (v lsView) write(w io.Writer) error {
 	rows := [][]string{}
@@ -57,9 +58,10 @@ func (v lsView) write(w io.Writer) error {
 		if l.Contents.HasMemory() {
 			memory = size(l.MemoryBytes)
 		}
+		d := v.describe(l.Record)
 		expiring = expiring || !l.Expires.IsZero()
 		rows = append(rows, []string{id, orDash(l.Name), v.container(l.Container), age(v.now.Sub(l.Created)),
-			memory, v.files(l.Record), expires(l.Expires, v.now), v.current(l.Current)})
+			memory, memStored(d), fsSize(d), expires(l.Expires, v.now), v.current(l.Current)})
 	}
 	cols := make([]bool, len(lsColumns)) // shown
 	for i := range cols {
@@ -200,6 +202,30 @@ func expires(at, now time.Time) string {
 		return "expired"
 	}
 	return "in " + age(at.Sub(now))
+}
+
+// fsSize is the FILES column: "-" without a frozen layer, "?" when its usage is unknown.
+func fsSize(v ckclient.Checkpoint) string {
+	switch {
+	case !v.Contents.HasFS():
+		return "-"
+	case v.Filesystem == nil:
+		return "?"
+	}
+	return size(v.Filesystem.Bytes)
+}
+
+// memStored is the STORED column: the disk the memory takes in the image directory now, less
+// than MEMORY once the shim has found pages in the parent checkpoint's images; "-" without a
+// memory dump, "?" when the directory is gone or holds another checkpoint.
+func memStored(v ckclient.Checkpoint) string {
+	switch {
+	case !v.Contents.HasMemory():
+		return "-"
+	case v.MemoryStoredBytes == nil:
+		return "?"
+	}
+	return size(*v.MemoryStoredBytes)
 }
 
 func orDash(s string) string {

@@ -7,11 +7,16 @@ import (
 )
 
 // Checkpoint is a checkpoint as Inspect describes it, and as the CLI prints it with --format
-// json: its whole metadata, where its image directory is, and the disk usage of its frozen layer.
+// json: its whole metadata, where its image directory is, the disk its memory takes there, and
+// the disk usage of its frozen layer.
 type Checkpoint struct {
 	checkpoint.Meta
-	ImagePath  string   `json:"imagePath,omitempty"`
-	Filesystem *FSUsage `json:"filesystem,omitempty"`
+	ImagePath string `json:"imagePath,omitempty"`
+	// MemoryStoredBytes is the size of the image directory's own files now: MemoryBytes (the
+	// dump as CRIU wrote it) less the pages the shim has since found in the parent checkpoint's
+	// images (pkg/pagechain). Unset when the directory is gone or holds another checkpoint.
+	MemoryStoredBytes *int64   `json:"memoryStoredBytes,omitempty"`
+	Filesystem        *FSUsage `json:"filesystem,omitempty"`
 }
 
 // FSUsage is the disk usage of a frozen layer: its own files, not its parents'.
@@ -38,6 +43,9 @@ func (c *Client) Describe(ctx context.Context, r checkpoint.Record, usage bool) 
 	if r.ImagePath != "" {
 		if m, err := checkpoint.Read(r.ImagePath); err == nil && m.ID == r.ID {
 			v.Meta, v.Meta.Parent = m, r.Parent
+			if n, err := MemoryStored(r.ImagePath); err == nil && m.Contents.HasMemory() {
+				v.MemoryStoredBytes = &n
+			}
 		}
 	}
 	if !usage || !r.Contents.HasFS() || r.Frozen == "" {

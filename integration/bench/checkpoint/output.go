@@ -87,11 +87,21 @@ var (
 )
 
 // diskMetrics are the disk k checkpoints took: in all (snapshots, checkpoint images, content),
-// of it the filesystem state, and in all with cklite's dedup (computed; stock has none).
+// of it the filesystem state and the memory as stored (cklite's memory store; the memory as
+// dumped beside it, and how many times smaller it is stored), and in all with cklite's dedup of
+// identical files (computed; stock has none).
 func diskMetrics(k int) []metric {
 	return []metric{
 		{fmt.Sprintf("disk after %d ckpts", k), "MiB", func(m *measured) float64 { return mibOf(m.diskBytes) }},
 		{"  of it filesystem", "MiB", func(m *measured) float64 { return mibOf(m.fsBytes) }},
+		{"  of it memory (stored)", "MiB", func(m *measured) float64 { return orNaN(mibOf(m.memStored)) }},
+		{"  memory (logical)", "MiB", func(m *measured) float64 { return orNaN(mibOf(m.memLogical)) }},
+		{"  memory dedup ratio", "x", func(m *measured) float64 {
+			if m.memStored == 0 {
+				return math.NaN()
+			}
+			return math.Round(100*float64(m.memLogical)/float64(m.memStored)) / 100
+		}},
 		{"  in all with dedup", "MiB", func(m *measured) float64 {
 			if !m.dedup {
 				return math.NaN()

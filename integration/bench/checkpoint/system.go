@@ -115,29 +115,45 @@ func (e *daemon) remove(id string) error { return e.d.Remove(context.WithoutCanc
 // Checkpoints go straight to the task service with an image directory, as `cklite checkpoint
 // create` does (the Go client's Task.Checkpoint would pause the task around it and build an image
 // with a rootfs diff cklite does not need); rollback is in place (`cklite rollback`: a task Update
-// with the rollback annotation), fork is `cklite fork`.
+// with the rollback annotation), fork is `cklite fork`. The image directories are in cklite's
+// checkpoints directory of the namespace, where `cklite checkpoint create` puts them, so that the
+// shim stores their memory as what changed since the parent's (pkg/pagechain).
 type ckliteBox struct {
 	*daemon
-	cid  string
-	dirs map[int]string // image directory by checkpoint
-	ids  map[int]string // cklite checkpoint id by checkpoint
+	cid    string
+	ckRoot string         // cklite's checkpoints directory of the namespace
+	dirs   map[int]string // image directory by checkpoint
+	ids    map[int]string // cklite checkpoint id by checkpoint
 }
 
 func (e *daemon) newCklite(id string, a agentSpec) (*ckliteBox, error) {
+	inst, err := e.d.Instance(e.ctx)
+	if err != nil {
+		return nil, err
+	}
+	root, err := inst.NamespaceCheckpoints(e.d.Namespace)
+	if err != nil {
+		return nil, err
+	}
 	if err := e.start(id, harness.CkliteRuntime, ckliteSnapshotter, a); err != nil {
 		return nil, err
 	}
-	return &ckliteBox{daemon: e, cid: id, dirs: map[int]string{}, ids: map[int]string{}}, nil
+	return &ckliteBox{daemon: e, cid: id, ckRoot: root, dirs: map[int]string{}, ids: map[int]string{}}, nil
 }
 
 func (s *ckliteBox) id() string { return s.cid }
 
 func (s *ckliteBox) rootfs() string { return s.d.RootfsPath(s.cid) }
 
-func (s *ckliteBox) imageRoot() string { return filepath.Join(s.d.Dir, "checkpoints", s.cid) }
+// imageDir is checkpoint i's image directory; imageDirs matches the container's.
+func (s *ckliteBox) imageDir(i int) string {
+	return filepath.Join(s.ckRoot, fmt.Sprintf("%s-ck%d", s.cid, i))
+}
+
+func (s *ckliteBox) imageDirs() string { return filepath.Join(s.ckRoot, s.cid+"-ck*") }
 
 func (s *ckliteBox) checkpoint(i int) error {
-	dir := filepath.Join(s.imageRoot(), fmt.Sprint(i))
+	dir := s.imageDir(i)
 	// What a failed attempt left goes: a retry writes a fresh image directory.
 	if err := os.RemoveAll(dir); err != nil {
 		return err
@@ -205,15 +221,17 @@ func (s *ckliteBox) fork(i, n int, prefix string) ([]sandbox, []time.Duration, e
 
 // forked is a fork as a sandbox of its own, with no checkpoints.
 func (s *ckliteBox) forked(id string) *ckliteBox {
-	return &ckliteBox{daemon: s.daemon, cid: id, dirs: map[int]string{}, ids: map[int]string{}}
+	return &ckliteBox{daemon: s.daemon, cid: id, ckRoot: s.ckRoot, dirs: map[int]string{}, ids: map[int]string{}}
 }
 
 func (s *ckliteBox) criu(i int) (criuStats, error) { return s.criuStats(s.cid, i) }
 
 func (s *ckliteBox) shimPeak() uint64 { return s.daemon.shimPeak(s.cid) }
 
+// diskDirs holds the whole checkpoints directory of the namespace: the workloads checkpoint one
+// cklite container at a time, and a fork writes no image directory.
 func (s *ckliteBox) diskDirs() []string {
-	return []string{filepath.Join(s.d.Dir, "cklite-snapshotter"), s.imageRoot()}
+	return []string{filepath.Join(s.d.Dir, "cklite-snapshotter"), s.ckRoot}
 }
 
 func (s *ckliteBox) close() error {
@@ -231,7 +249,11 @@ func (s *ckliteBox) close() error {
 			return err
 		}
 	}
-	return errors.Join(os.RemoveAll(s.imageRoot()), s.removeWorkDirs(s.cid))
+	dirs, err := filepath.Glob(s.imageDirs())
+	for _, dir := range dirs {
+		err = errors.Join(err, os.RemoveAll(dir))
+	}
+	return errors.Join(err, s.removeWorkDirs(s.cid))
 }
 
 // stockBox is a container on containerd's runc shim and overlayfs, driven as ctr drives it: a

@@ -20,7 +20,6 @@ type series struct {
 	files    int // files of the project directory written before the first checkpoint
 }
 
-
 // measured is what one system did in one workload.
 type measured struct {
 	checkpoint, downtime, rollback []time.Duration
@@ -30,6 +29,7 @@ type measured struct {
 	diskAfter                      []int64 // the growth after each checkpoint
 	fsBytes                        int64   // the growth of filesystem state (see sandbox.fsDisk)
 	dedupSaved                     int64   // what dedup of identical files would save, where dedup is set (cklite)
+	memLogical, memStored          int64   // the checkpoints' memory as dumped and as stored (memoryStore)
 	dedup                          bool
 	criu                           []criuStats
 	work, verify                   time.Duration // tree search: the agent's and host's work, the benchmark's checks
@@ -277,6 +277,11 @@ func (e *env) finish(w where, boxes map[string]sandbox, res map[string]*measured
 				return err
 			}
 			m.fsBytes = fs - base[sys].fs
+			if ms, ok := b.(memoryStore); ok {
+				if m.memLogical, m.memStored, err = ms.memoryDisk(); err != nil {
+					return err
+				}
+			}
 			if sys != "cklite" { // stock's overlayfs snapshotter runs inside containerd, without dedup
 				return nil
 			}
@@ -290,8 +295,13 @@ func (e *env) finish(w where, boxes map[string]sandbox, res map[string]*measured
 }
 
 // afterCheckpoint records what checkpoint i of b left behind: CRIU's stats, the disk grown
-// since before the first checkpoint, the shim's peak memory.
+// since before the first checkpoint (once a memoryStore is done with it), the shim's peak memory.
 func (e *env) afterCheckpoint(b sandbox, i int, m *measured, diskBefore int64) error {
+	if ms, ok := b.(memoryStore); ok {
+		if err := ms.settle(i); err != nil {
+			return err
+		}
+	}
 	cs, err := b.criu(i)
 	if err != nil {
 		return fmt.Errorf("CRIU stats: %w", err)
@@ -366,7 +376,13 @@ func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error)
 			if at[sys], err = (workload.Counter{Rootfs: b.rootfs()}).Advance(e.ctx, 2); err != nil {
 				return err
 			}
-			return b.checkpoint(0)
+			if err := b.checkpoint(0); err != nil {
+				return err
+			}
+			if ms, ok := b.(memoryStore); ok {
+				return ms.settle(0) // no rewrite of its images under the forks' disk measurement
+			}
+			return nil
 		})
 		if err != nil {
 			delete(boxes, sys)

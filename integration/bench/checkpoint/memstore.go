@@ -1,0 +1,73 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/client"
+	"github.com/cklite/cklite/pkg/pagechain"
+)
+
+// memoryStore is a sandbox whose checkpoints' memory is stored, after the checkpoint and in the
+// background, as what changed since the parent checkpoint's (cklite: pkg/pagechain). Its disk is
+// measured once that is done, and its memory reported twice: as dumped (logical) and as stored.
+type memoryStore interface {
+	// settle waits until the store is done with checkpoint i (or declined it).
+	settle(i int) error
+	// memoryDisk is the memory of the checkpoints taken so far, as dumped and as stored.
+	memoryDisk() (logical, stored int64, err error)
+}
+
+// settleTimeout bounds the wait for a deduplication: the shim runs one at a time, each reading
+// two dumps, on a machine other benchmarks may be loading too.
+const settleTimeout = 5 * time.Minute
+
+// settle waits for pagechain.ReportFile in checkpoint i's image directory: the shim writes it,
+// atomically, when the directory has its final form (deduplicated, or left a full dump).
+func (s *ckliteBox) settle(i int) error {
+	dir, ok := s.dirs[i]
+	if !ok {
+		return nil // checkpoint i failed: nothing to wait for
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(settleTimeout)
+	for {
+		_, err := os.Stat(filepath.Join(dir, pagechain.ReportFile))
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		select {
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("no %s in %s after %v: the shim's deduplication did not finish", pagechain.ReportFile, dir, settleTimeout)
+		case <-tick.C:
+		}
+	}
+}
+
+// memoryDisk sums, over the container's image directories, the size of the images as CRIU wrote
+// them (cklite.json's memoryBytes) and as they are stored now (client.MemoryStored, what
+// `cklite checkpoint ls` shows).
+func (s *ckliteBox) memoryDisk() (logical, stored int64, err error) {
+	for _, dir := range s.dirs {
+		m, err := checkpoint.Read(dir)
+		if err != nil {
+			return 0, 0, err
+		}
+		size, err := client.MemoryStored(dir)
+		if err != nil {
+			return 0, 0, err
+		}
+		logical, stored = logical+m.MemoryBytes, stored+size
+	}
+	return logical, stored, nil
+}
