@@ -148,9 +148,11 @@ func TestCLICheckpoints(t *testing.T) {
 			if n := utf8.RuneCountInString(row); n > 100 {
 				t.Fatalf("row %d is %d columns wide:\n%s", i, n, row)
 			}
-			// CHECKPOINT NAME CONTAINER AGE MEMORY FILES [NOW]
+			// CHECKPOINT NAME CONTAINER AGE MEMORY STORED FILES [NOW]; STORED is MEMORY: a
+			// directory the client names keeps its full dump (only cklite's own are deduplicated).
 			fields := strings.Fields(strings.TrimPrefix(row, w.tree))
-			wantFields := []string{w.m.ID, "-", "tree", fields[3], units.HumanSizeWithPrecision(float64(w.m.MemoryBytes), 3),
+			memory := units.HumanSizeWithPrecision(float64(w.m.MemoryBytes), 3)
+			wantFields := []string{w.m.ID, "-", "tree", fields[3], memory, memory,
 				units.HumanSizeWithPrecision(float64(usage.Size), 3)}
 			if w.now != "" {
 				wantFields = append(wantFields, strings.Fields(w.now)...)
