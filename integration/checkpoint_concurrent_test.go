@@ -3,8 +3,6 @@ package integration
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -18,14 +16,7 @@ import (
 // 8). Every checkpoint must succeed and every counter run on.
 func TestConcurrentCheckpoints(t *testing.T) {
 	const containers = 16
-	rounds := 2
-	if v := os.Getenv("CKLITE_CONCURRENT_ROUNDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("CKLITE_CONCURRENT_ROUNDS=%q: want a positive number", v)
-		}
-		rounds = n
-	}
+	rounds := envInt(t, "CKLITE_CONCURRENT_ROUNDS", 2, 1)
 	e := newCkEnv(t)
 	tasks := make([]client.Task, containers)
 	counters := make([]counter, containers)

@@ -109,17 +109,10 @@ func (e *ckEnv) snapshotterGone(t *testing.T, task client.Task, same func()) {
 // with a backoff) and stats snapshot key.
 func (e *ckEnv) waitSnapshotter(t *testing.T, key string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	eventually(t, "containerd to reach cklite-snapshotter again", func() error {
 		_, err := e.sn.Stat(e.ctx, key)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("containerd does not reach cklite-snapshotter again: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // changeFiles moves the rootfs on before checkpoint i: a file per checkpoint, one of them deleted
@@ -194,17 +187,14 @@ func taskPids(t *testing.T, e *ckEnv, task client.Task) []uint32 {
 // waitPids waits until task has n processes and returns them.
 func waitPids(t *testing.T, e *ckEnv, task client.Task, n int) []uint32 {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pids := taskPids(t, e, task)
-		if len(pids) == n {
-			return pids
+	var pids []uint32
+	eventually(t, fmt.Sprintf("task %s to have %d processes", task.ID(), n), func() error {
+		if pids = taskPids(t, e, task); len(pids) != n {
+			return fmt.Errorf("processes %v", pids)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s has processes %v, want %d", task.ID(), pids, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return pids
 }
 
 // rootMountID is the mount id of process pid's root, "/" in its mountinfo.

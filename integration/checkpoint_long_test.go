@@ -19,15 +19,10 @@ import (
 // (`make test-long` sets 300); unset, the test is skipped (`make test` runs the short
 // TestCheckpointStdioIdentity instead).
 func longCheckpoints(t *testing.T) int {
-	v := os.Getenv("CKLITE_LONG_CHECKPOINTS")
-	if v == "" {
+	if os.Getenv("CKLITE_LONG_CHECKPOINTS") == "" {
 		t.Skip("CKLITE_LONG_CHECKPOINTS is not set (make test-long)")
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 30 {
-		t.Fatalf("CKLITE_LONG_CHECKPOINTS=%q: want a number >= 30", v)
-	}
-	return n
+	return envInt(t, "CKLITE_LONG_CHECKPOINTS", 0, 30)
 }
 
 // longRound is one checkpoint of TestCheckpointLong: where the counter stood and which blob was

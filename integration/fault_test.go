@@ -66,8 +66,8 @@ type faultEnv struct {
 }
 
 func TestFaults(t *testing.T) {
-	rounds := envInt(t, "CKLITE_FAULT_ROUNDS", 1)
-	seed := uint64(envInt(t, "CKLITE_FAULT_SEED", 1))
+	rounds := envInt(t, "CKLITE_FAULT_ROUNDS", 1, 1)
+	seed := uint64(envInt(t, "CKLITE_FAULT_SEED", 1, 1))
 	// A round takes seconds; the bound stops a hanging shim, not a slow round.
 	e := newFaultEnv(t, time.Duration(rounds*len(faultCases))*2*time.Minute)
 	var table faultTable
@@ -440,19 +440,6 @@ func (e *faultEnv) expireWorkLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-}
-
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive number", name, v)
-	}
-	return n
 }
 
 // faultTable counts outcomes per fault point.

@@ -124,19 +124,6 @@ func (p memProc) expect(t *testing.T, what string, want memState) {
 	}
 }
 
-// pagesMiB is the memory the process of TestPagesDedup holds: CKLITE_PAGES_MIB, default 64.
-func pagesMiB(t *testing.T) int {
-	v := os.Getenv("CKLITE_PAGES_MIB")
-	if v == "" {
-		return 64
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 8 {
-		t.Fatalf("CKLITE_PAGES_MIB=%q: want a number of MiB >= 8", v)
-	}
-	return n
-}
-
 // pagesCheckpoint is one checkpoint of TestPagesDedup and the process's state in it.
 type pagesCheckpoint struct {
 	id, dir string
@@ -155,7 +142,7 @@ type pagesCheckpoint struct {
 // CKLITE_PAGES_ROUNDS=N measures rollback latency, full dump against chain.
 func TestPagesDedup(t *testing.T) {
 	e := newCkEnv(t)
-	mib := pagesMiB(t)
+	mib := envInt(t, "CKLITE_PAGES_MIB", 64, 8)
 	dedup := os.Getenv("CKLITE_PAGES_DEDUP") != "off"
 	if !dedup {
 		if err := e.d.SetShimConfig("dedup_memory = false\n"); err != nil {
@@ -185,7 +172,7 @@ func TestPagesDedup(t *testing.T) {
 
 	// CKLITE_PAGES_ROUNDS=N: N rollbacks to the first checkpoint (a full dump) and to the last
 	// (its chain), alternately, for the medians of both (logged, not asserted).
-	if n, _ := strconv.Atoi(os.Getenv("CKLITE_PAGES_ROUNDS")); n > 0 {
+	if n := envInt(t, "CKLITE_PAGES_ROUNDS", 0, 0); n > 0 {
 		t.Run("rollback latency", func(t *testing.T) {
 			took := map[int][]time.Duration{}
 			for range n {

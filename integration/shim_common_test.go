@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +154,21 @@ func eventually(t *testing.T, what string, cond func() error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// envInt is the number in environment variable name, def when it is unset; a test's knob below
+// least (or not a number) fails the test.
+func envInt(t *testing.T, name string, def, least int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < least {
+		t.Fatalf("%s=%q: want a number >= %d", name, v, least)
+	}
+	return n
 }
 
 // waitForStatus waits until nerdctl reports container name in status (running, exited, paused...).
