@@ -61,7 +61,8 @@ func (o CheckpointOpts) criu() (*libcontainer.CriuOpts, error) {
 }
 
 // Checkpoint dumps the container with CRIU into o.ImagePath. Without LeaveRunning CRIU kills
-// the container's processes after the dump (init exits with SIGKILL).
+// the container's processes after the dump (init exits with SIGKILL). PrepareDump comes first
+// (it also waits for init to exec the user's program).
 func (c *Container) Checkpoint(o CheckpointOpts) error {
 	if err := criuReady(); err != nil {
 		return err
@@ -70,7 +71,6 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	if err != nil {
 		return err
 	}
-	c.waitUserExec(execWaitLimit)
 	// CRIU freezes a thawed cgroup v1 by writing FROZEN and polling the state every 100 ms; its
 	// first poll mostly reads FREEZING still, so a dump waited 100 ms for nothing. libcontainer's
 	// freeze polls in microseconds, and CRIU takes a frozen cgroup as it is and leaves it frozen.
