@@ -107,6 +107,23 @@ func TestCRIPodCheckpoint(t *testing.T) {
 	if got := readSeq(t, filepath.Join(shared, "seq")); got != origLines {
 		t.Errorf("the pod's volume went from %d to %d lines while only its fork ran", origLines, got)
 	}
+
+	// pod rm: the record, its members and its directory go; the fork runs on.
+	ckliteCRI(t, cri, "pod", "rm", id)
+	if ids := strings.Fields(ckliteCRI(t, cri, "pod", "ls", "-q")); slices.Contains(ids, id) {
+		t.Errorf("pod ls lists %s after pod rm: %v", id, ids)
+	}
+	if left := strings.TrimSpace(ckliteCRI(t, cri, "checkpoint", "ls", "-q", "--label", podckpt.LabelPod+"="+id)); left != "" {
+		t.Errorf("members of %s left after pod rm: %s", id, left)
+	}
+	if _, err := os.Stat(rec.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pod checkpoint directory %s after pod rm: %v", rec.Dir, err)
+	}
+	for _, cid := range []string{fork.writer, fork.reader} {
+		if st, err := cri.ContainerState(ctx, cid); err != nil || st != runtimeapi.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("fork's container %s after pod rm: %v, %v", cid, st, err)
+		}
+	}
 }
 
 // duo is TestCRIPodCheckpoint's pod: its two containers and the host directory they share.

@@ -58,6 +58,7 @@ var commands = []command{
 	{name: "pod ls", aliases: []string{"pod list"}, summary: "List the pod checkpoints: pod, containers and their checkpoints, volumes.", flags: podListFlags},
 	{name: "pod restore", args: "POD-CHECKPOINT", summary: "Roll a pod back to a pod checkpoint in place: same sandbox and containers, every one and the emptyDirs at the checkpoint's instant.", flags: podRestoreFlags},
 	{name: "pod fork", args: "POD-CHECKPOINT", summary: "Run a new pod from a pod checkpoint: a new sandbox (CRI), each container restored, copies of the emptyDirs.", flags: podForkFlags},
+	{name: "pod rm", aliases: []string{"pod remove"}, args: "POD-CHECKPOINT...", summary: "Remove pod checkpoints: their containers' checkpoints and image directories, and the volume copies.", flags: podRemoveFlags},
 	{name: "exec", args: "CONTAINER -- COMMAND...", summary: "Run COMMAND in a shell session inside a running container: cwd, variables, functions and jobs stay for the next exec, and across checkpoint, rollback and fork. Exits with COMMAND's status (docs/sessions.md).", flags: execFlags},
 	{name: "setup", summary: "Write the configuration of containerd, cklite-snapshotter, the shim and nerdctl for a cklite instance under one directory (docs/configuration.md).", flags: setupFlags},
 	{name: "daemon start", summary: "Start the daemons of a cklite setup directory in the background: cklite-snapshotter, and its own containerd.", flags: daemonStartFlags},

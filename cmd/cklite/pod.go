@@ -126,6 +126,44 @@ func podRestoreCommand(fs *flag.FlagSet, restore func(*ckclient.Client, context.
 	}
 }
 
+func podRemoveFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+	out := outputFlags(fs, "the ids removed")
+	return func(ctx context.Context, cli *cli, args []string) error {
+		if len(args) == 0 {
+			return usageError("want POD-CHECKPOINT... (ids or unique id prefixes)")
+		}
+		if err := out.check(); err != nil {
+			return err
+		}
+		cl, err := cli.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		var removed []podView
+		for _, ref := range args {
+			rec, err := cl.PodRemove(ctx, ref)
+			if err != nil {
+				return err
+			}
+			removed = append(removed, podJSON(rec))
+		}
+		switch {
+		case out.json():
+			return printJSON(cli.stdout, removed)
+		case out.quiet:
+			for _, r := range removed {
+				out.ids(cli.stdout, r.ID)
+			}
+			return nil
+		}
+		for _, r := range removed {
+			fmt.Fprintf(cli.stdout, "removed pod checkpoint %s of %s and its %d checkpoints\n", r.ID, r.Pod, len(r.Members))
+		}
+		return nil
+	}
+}
+
 // podView is a pod checkpoint as the commands print it in JSON.
 type podView struct {
 	podckpt.Record

@@ -159,14 +159,38 @@ func (c *Client) freezeAll(ctx context.Context, ids []string) (func() error, err
 
 // discardPod removes what a failed pod checkpoint made: its member checkpoints and directory.
 func (c *Client) discardPod(ctx context.Context, rec podckpt.Record) {
+	if err := c.removePod(ctx, rec); err != nil {
+		log.G(ctx).WithError(err).WithField("dir", rec.Dir).Warn("remove a failed pod checkpoint")
+	}
+}
+
+// PodRemove removes pod checkpoint ref (its id or a unique id prefix): its member checkpoints,
+// as `checkpoint rm --image` removes one (a later checkpoint whose memory is stored against a
+// member's is re-parented first), and its directory with the volume copies. Forks keep running:
+// their volumes are apart (pod-forks/), and a fork's restored containers need nothing of the
+// checkpoint but the frozen layers, which their rootfs holds.
+func (c *Client) PodRemove(ctx context.Context, ref string) (podckpt.Record, error) {
+	k := c.cri()
+	ctx = k.Context(ctx)
+	rec, err := k.PodLookup(ctx, ref)
+	if err != nil {
+		return podckpt.Record{}, err
+	}
+	return rec, k.removePod(ctx, rec)
+}
+
+// removePod removes rec's members that are still listed, then its directory.
+func (c *Client) removePod(ctx context.Context, rec podckpt.Record) error {
 	for _, id := range rec.Checkpoints() {
-		if _, err := c.Remove(ctx, id, RemoveOptions{}); err != nil {
-			log.G(ctx).WithError(err).WithField("checkpoint", id).Warn("remove a member of a failed pod checkpoint")
+		_, err := c.Remove(ctx, id, RemoveOptions{ImageDir: true})
+		if err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("member checkpoint %s of pod checkpoint %s: %w", id, rec.ID, err)
 		}
 	}
 	if err := os.RemoveAll(rec.Dir); err != nil {
-		log.G(ctx).WithError(err).WithField("dir", rec.Dir).Warn("remove a failed pod checkpoint's directory")
+		return fmt.Errorf("pod checkpoint %s: %w", rec.ID, err)
 	}
+	return nil
 }
 
 // PodCheckpoints lists the pod checkpoints of the containerd, oldest first.
