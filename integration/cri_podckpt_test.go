@@ -43,7 +43,8 @@ done`
 
 // TestCRIPodCheckpoint checkpoints a two-container CRI pod at one instant with `cklite pod
 // checkpoint` (one id, listed by checkpoint ls, its members labelled), lets both run on and
-// change, restores it in place with `cklite pod restore`, and forks it with `cklite pod fork`.
+// change, restores it in place with `cklite pod restore`, removes the pod (prune --orphaned must
+// keep the members) and forks the checkpoint with `cklite pod fork`, and removes it (pod rm).
 // Each time the pod must come back as it was at that one instant: the shared directory's
 // sequence, the writer's counter in memory and the reader's count and file offset in memory must
 // agree exactly (once the writer is stopped, the sequence is 1..N without gap or repeat, the
@@ -93,6 +94,15 @@ func TestCRIPodCheckpoint(t *testing.T) {
 	orig.expectUnmarked(t)
 	orig.expectAgree(t, before, atCheckpoint)
 
+	// The pod goes; its checkpoint holds its members against prune --orphaned, and forks.
+	origLines := readSeq(t, filepath.Join(shared, "seq"))
+	if err := cri.RemovePod(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	if pruned := strings.Fields(ckliteCRI(t, cri, "checkpoint", "prune", "--orphaned", "-q")); slices.ContainsFunc(rec.Checkpoints(), func(id string) bool { return slices.Contains(pruned, id) }) {
+		t.Fatalf("checkpoint prune --orphaned removed members of pod checkpoint %s: %v", id, pruned)
+	}
+
 	var forked ckclient.PodRestored
 	if err := json.Unmarshal([]byte(ckliteCRI(t, cri, "pod", "fork", "--format", "json", id)), &forked); err != nil {
 		t.Fatal(err)
@@ -101,11 +111,10 @@ func TestCRIPodCheckpoint(t *testing.T) {
 	if forked.Sandbox == pod.ID || fork.shared == shared || fork.shared == "" || fork.writer == orig.writer || fork.reader == orig.reader {
 		t.Fatalf("the fork shares the pod's sandbox, volume or containers: %+v", forked)
 	}
-	origLines := readSeq(t, filepath.Join(shared, "seq"))
 	fork.expectUnmarked(t)
 	fork.expectAgree(t, before, atCheckpoint)
 	if got := readSeq(t, filepath.Join(shared, "seq")); got != origLines {
-		t.Errorf("the pod's volume went from %d to %d lines while only its fork ran", origLines, got)
+		t.Errorf("the removed pod's volume went from %d to %d lines while its fork ran", origLines, got)
 	}
 
 	// pod rm: the record, its members and its directory go; the fork runs on.
