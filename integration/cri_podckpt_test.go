@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/api/services/tasks/v1"
+	taskapi "github.com/containerd/containerd/api/types/task"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cklite/cklite/integration/harness"
@@ -316,4 +318,31 @@ func ckliteCRI(t *testing.T, cri *harness.CRI, args ...string) string {
 		t.Fatalf("cklite %s: %v%s", strings.Join(args, " "), err, criuErrors(err))
 	}
 	return out
+}
+
+// TestCRIPodCheckpointRefused checks that a pod checkpoint that cannot be taken leaves the pod
+// as it was: a pod on runc is refused naming its runtime before any container is frozen (its
+// task still runs, its counter counts on), an unknown pod is refused, and neither leaves a pod
+// checkpoint or a checkpoint listed.
+func TestCRIPodCheckpointRefused(t *testing.T) {
+	d, cri := startCRI(t)
+	ctx := criContext(t)
+	_, id := runCounterPod(t, cri, "on-runc", harness.HandlerRunc, true, false)
+	c := newCounter(cri.RootfsPath(id))
+	c.advance(t, 3)
+	ckliteFails(t, d, "runs on io.containerd.runc.v2", "-n", harness.CRINamespace, "pod", "checkpoint", "on-runc")
+	task, err := d.Client().TaskService().Get(cri.Context(ctx), &tasks.GetRequest{ContainerID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := task.GetProcess().GetStatus(); st != taskapi.Status_RUNNING {
+		t.Errorf("the runc pod's task is %v after the refused pod checkpoint", st)
+	}
+	c.advance(t, 3)
+	ckliteFails(t, d, "no ready CRI pod", "pod", "checkpoint", "no-such-pod")
+	for _, args := range [][]string{{"pod", "ls", "-q"}, {"checkpoint", "ls", "-q"}} {
+		if out := strings.TrimSpace(ckliteCRI(t, cri, args...)); out != "" {
+			t.Errorf("cklite %s after refused pod checkpoints: %s", strings.Join(args, " "), out)
+		}
+	}
 }

@@ -58,6 +58,12 @@ func (c *Client) PodCheckpoint(ctx context.Context, ref string, opts PodCheckpoi
 	if err != nil {
 		return podckpt.Record{}, err
 	}
+	for _, m := range st.members {
+		// Refused before any task is frozen, as Checkpoint refuses before asking the task.
+		if _, err := k.CkliteContainer(ctx, m.id); err != nil {
+			return podckpt.Record{}, fmt.Errorf("container %s of pod %s: %w", m.name, pod.GetId(), err)
+		}
+	}
 	volumes, err := st.volumes(opts.Volumes)
 	if err != nil {
 		return podckpt.Record{}, err
