@@ -63,6 +63,8 @@ func TestCRIPodCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Pods go through CRI, as the kubelet removes them (the test removes this one midway).
+	t.Cleanup(func() { _ = cri.RemovePod(context.Background(), pod) })
 	start := func(name, script string) string {
 		cfg := pod.Container(name, busybox.Name, "sh", "-c", script)
 		cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/shared", HostPath: shared}}
@@ -109,6 +111,11 @@ func TestCRIPodCheckpoint(t *testing.T) {
 	if err := json.Unmarshal([]byte(ckliteCRI(t, cri, "pod", "fork", "--format", "json", id)), &forked); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := cri.RemovePod(context.Background(), &harness.Pod{ID: forked.Sandbox}); err != nil {
+			t.Error(err)
+		}
+	})
 	fork := duo{cri: cri, shared: forked.Volumes[shared], writer: forked.Containers["writer"], reader: forked.Containers["reader"]}
 	if forked.Sandbox == pod.ID || fork.shared == shared || fork.shared == "" || fork.writer == orig.writer || fork.reader == orig.reader {
 		t.Fatalf("the fork shares the pod's sandbox, volume or containers: %+v", forked)

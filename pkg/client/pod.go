@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types/task"
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
@@ -58,11 +59,8 @@ func (c *Client) PodCheckpoint(ctx context.Context, ref string, opts PodCheckpoi
 	if err != nil {
 		return podckpt.Record{}, err
 	}
-	for _, m := range st.members {
-		// Refused before any task is frozen, as Checkpoint refuses before asking the task.
-		if _, err := k.CkliteContainer(ctx, m.id); err != nil {
-			return podckpt.Record{}, fmt.Errorf("container %s of pod %s: %w", m.name, pod.GetId(), err)
-		}
+	if err := k.podContainers(ctx, st.members); err != nil {
+		return podckpt.Record{}, fmt.Errorf("pod %s: %w", pod.GetId(), err)
 	}
 	volumes, err := st.volumes(opts.Volumes)
 	if err != nil {
@@ -124,7 +122,7 @@ func (c *Client) capturePod(ctx context.Context, rec *podckpt.Record, members []
 		if err != nil {
 			return fmt.Errorf("container %s (%s) of the pod: %w", m.name, m.id, err)
 		}
-		rec.Members = append(rec.Members, podckpt.Member{Name: m.name, Container: m.id, Checkpoint: ck.ID, Config: m.config})
+		rec.Members = append(rec.Members, podckpt.Member{Name: m.name, Container: m.id, Checkpoint: ck.ID, Config: m.config, Image: m.image, Spec: m.spec})
 	}
 	return nil
 }
@@ -291,6 +289,28 @@ type podMember struct {
 	id, name string
 	config   json.RawMessage // its ContainerConfig
 	mounts   []*runtimeapi.Mount
+	image    string          // containerd's record of it: its image
+	spec     json.RawMessage // and its runtime spec
+}
+
+// podContainers refuses members that do not run on cklite, before any task is frozen (as
+// Checkpoint refuses before it asks the task), and reads the image and spec of the others.
+func (c *Client) podContainers(ctx context.Context, members []podMember) error {
+	for i, m := range members {
+		ctr, err := c.CkliteContainer(ctx, m.id)
+		if err != nil {
+			return fmt.Errorf("container %s: %w", m.name, err)
+		}
+		info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
+		if err != nil {
+			return fmt.Errorf("container %s: %w", m.name, err)
+		}
+		members[i].image = info.Image
+		if info.Spec != nil {
+			members[i].spec = info.Spec.GetValue()
+		}
+	}
+	return nil
 }
 
 // readPod reads the configurations of pod's sandbox and of its running containers from CRI's

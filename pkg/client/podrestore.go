@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cklite/cklite/pkg/podckpt"
@@ -238,7 +239,14 @@ func (c *Client) memberImages(ctx context.Context, rec podckpt.Record, progressW
 		switch {
 		case errdefs.IsNotFound(err):
 			progress(progressW, "exporting checkpoint %s of %s as %s\n", m.Checkpoint, m.Name, ref)
-			if _, err := c.Export(ctx, m.Checkpoint, ExportOptions{Ref: ref, Progress: progressW}); err != nil {
+			opts := ExportOptions{Ref: ref, Base: m.Image, Progress: progressW}
+			if len(m.Spec) > 0 {
+				opts.Spec = &specs.Spec{}
+				if err := json.Unmarshal(m.Spec, opts.Spec); err != nil {
+					return nil, fmt.Errorf("container %s: recorded spec: %w", m.Name, err)
+				}
+			}
+			if _, err := c.Export(ctx, m.Checkpoint, opts); err != nil {
 				return nil, fmt.Errorf("container %s: %w", m.Name, err)
 			}
 		case err != nil:

@@ -58,6 +58,10 @@ type Member struct {
 	// Config is the container's CRI ContainerConfig as containerd's CRI reports it
 	// (ContainerStatus, verbose), what a fork creates its container with.
 	Config json.RawMessage `json:"config"`
+	// Image and Spec are the container's image and runtime spec in containerd, what its
+	// checkpoint image is made of once the container is gone (client.ExportOptions).
+	Image string          `json:"image"`
+	Spec  json.RawMessage `json:"spec"`
 }
 
 // Volume is one of the pod's volumes copied at the checkpoint.
