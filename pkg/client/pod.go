@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
@@ -92,7 +93,7 @@ func (c *Client) PodCheckpoint(ctx context.Context, ref string, opts PodCheckpoi
 }
 
 // capturePod is PodCheckpoint's three phases: freeze every member, copy the volumes and
-// checkpoint each member (the shim dumps and captures a paused task without thawing it), thaw.
+// checkpoint the members (the shim dumps and captures a paused task without thawing it), thaw.
 func (c *Client) capturePod(ctx context.Context, rec *podckpt.Record, members []podMember, volumes []string) (err error) {
 	ids := make([]string, 0, len(members))
 	for _, m := range members {
@@ -100,13 +101,13 @@ func (c *Client) capturePod(ctx context.Context, rec *podckpt.Record, members []
 	}
 	start := time.Now()
 	thaw, err := c.freezeAll(ctx, ids)
+	if err != nil {
+		return err
+	}
 	defer func() {
 		err = errors.Join(err, thaw())
 		rec.FrozenMs = time.Since(start).Milliseconds()
 	}()
-	if err != nil {
-		return err
-	}
 	for i, v := range volumes {
 		vol := podckpt.Volume{HostPath: v, Copy: filepath.Join("volumes", fmt.Sprint(i))}
 		if vol.Stats, err = podckpt.Copy(v, rec.CopyDir(vol)); err != nil {
@@ -114,17 +115,36 @@ func (c *Client) capturePod(ctx context.Context, rec *podckpt.Record, members []
 		}
 		rec.Volumes = append(rec.Volumes, vol)
 	}
-	for _, m := range members {
-		ck, err := c.Checkpoint(ctx, m.id, CheckpointOptions{
-			ImagePath: rec.MemberDir(m.name),
-			Labels:    map[string]string{podckpt.LabelPod: rec.ID},
+	return c.checkpointMembers(ctx, rec, members)
+}
+
+// checkpointMembers checkpoints the frozen members all at once: nothing runs meanwhile, so
+// their order does not matter, and the pod is frozen for the longest dump rather than their sum.
+// The members taken are recorded in rec even when another failed, so that they are removed.
+func (c *Client) checkpointMembers(ctx context.Context, rec *podckpt.Record, members []podMember) error {
+	taken := make([]string, len(members))
+	errs := make([]error, len(members))
+	var wg sync.WaitGroup
+	for i, m := range members {
+		wg.Go(func() {
+			ck, err := c.Checkpoint(ctx, m.id, CheckpointOptions{
+				ImagePath: rec.MemberDir(m.name),
+				Labels:    map[string]string{podckpt.LabelPod: rec.ID},
+			})
+			if err != nil {
+				errs[i] = fmt.Errorf("container %s (%s) of the pod: %w", m.name, m.id, err)
+				return
+			}
+			taken[i] = ck.ID
 		})
-		if err != nil {
-			return fmt.Errorf("container %s (%s) of the pod: %w", m.name, m.id, err)
-		}
-		rec.Members = append(rec.Members, podckpt.Member{Name: m.name, Container: m.id, Checkpoint: ck.ID, Config: m.config, Image: m.image, Spec: m.spec})
 	}
-	return nil
+	wg.Wait()
+	for i, m := range members {
+		if taken[i] != "" {
+			rec.Members = append(rec.Members, podckpt.Member{Name: m.name, Container: m.id, Checkpoint: taken[i], Config: m.config, Image: m.image, Spec: m.spec})
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // freezeAll pauses the tasks of containers ids, in order, and returns what thaws those it paused:

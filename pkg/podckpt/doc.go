@@ -8,8 +8,8 @@
 //  1. Freeze: every container of the pod is paused (task Pause: its cgroup frozen). Only once all
 //     are frozen does anything get recorded, so what is recorded is the state of all of them at
 //     the instant the last froze; a container frozen earlier simply did not move since.
-//  2. Capture: the volumes are copied (Copy, below), then each container is checkpointed (task
-//     Checkpoint, leaving it running). A cklite shim given a task its client paused dumps it with
+//  2. Capture: the volumes are copied (Copy, below), then the containers are checkpointed, all at
+//     once (task Checkpoint, leaving them running). A cklite shim given a task its client paused dumps it with
 //     CRIU and captures its rootfs upper without thawing it (shim/capture.go): the "freeze, dump,
 //     leave frozen" a pod checkpoint needs is the shim's ordinary checkpoint of a paused task.
 //  3. Thaw: every container is resumed (task Resume), whatever failed before.
