@@ -270,8 +270,7 @@ func (c *Client) criConn() (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
-// findPod finds the ready pod sandbox ref names: its id, a unique id prefix, its name or
-// NAMESPACE/NAME.
+// findPod finds the ready pod sandbox ref names (matchPod).
 func findPod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, ref string) (*runtimeapi.PodSandbox, error) {
 	resp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		State: &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
@@ -279,13 +278,24 @@ func findPod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, ref string
 	if err != nil {
 		return nil, fmt.Errorf("list CRI pods: %w", errgrpc.ToNative(err))
 	}
+	return matchPod(resp.GetItems(), ref)
+}
+
+// matchPod picks the pod ref names among pods: its id, a unique id prefix, its name or
+// NAMESPACE/NAME, as CRI's metadata or the kubelet's labels (io.kubernetes.pod.name and
+// .namespace) say.
+func matchPod(pods []*runtimeapi.PodSandbox, ref string) (*runtimeapi.PodSandbox, error) {
 	var found []*runtimeapi.PodSandbox
-	for _, p := range resp.GetItems() {
-		md := p.GetMetadata()
+	for _, p := range pods {
+		md, l := p.GetMetadata(), p.GetLabels()
+		names := []string{md.GetName(), md.GetNamespace() + "/" + md.GetName()}
+		if name := l["io.kubernetes.pod.name"]; name != "" {
+			names = append(names, name, l["io.kubernetes.pod.namespace"]+"/"+name)
+		}
 		switch {
 		case p.GetId() == ref:
 			return p, nil
-		case md.GetName() == ref, md.GetNamespace()+"/"+md.GetName() == ref, strings.HasPrefix(p.GetId(), ref):
+		case ref != "" && (slices.Contains(names, ref) || strings.HasPrefix(p.GetId(), ref)):
 			found = append(found, p)
 		}
 	}

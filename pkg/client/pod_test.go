@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -75,5 +76,38 @@ func TestPodVolumes(t *testing.T) {
 				t.Errorf("volumes(%v) = %v, %v; want %v", tc.extra, got, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestMatchPod(t *testing.T) {
+	pods := []*runtimeapi.PodSandbox{
+		{Id: "abc123", Metadata: &runtimeapi.PodSandboxMetadata{Name: "agent", Namespace: "default"}},
+		{Id: "abd456", Metadata: &runtimeapi.PodSandboxMetadata{Name: "agent", Namespace: "team"}},
+		{Id: "ff0001", Metadata: &runtimeapi.PodSandboxMetadata{Name: "web-x1", Namespace: "team"},
+			Labels: map[string]string{"io.kubernetes.pod.name": "web", "io.kubernetes.pod.namespace": "team"}},
+	}
+	for _, tc := range []struct {
+		ref, want string
+		check     func(error) bool
+	}{
+		{"abc123", "abc123", nil},
+		{"abd", "abd456", nil},
+		{"team/agent", "abd456", nil},
+		{"default/agent", "abc123", nil},
+		{"web", "ff0001", nil},
+		{"team/web", "ff0001", nil},
+		{"web-x1", "ff0001", nil},
+		{"agent", "", errdefs.IsInvalidArgument},
+		{"ab", "", errdefs.IsInvalidArgument},
+		{"nope", "", errdefs.IsNotFound},
+		{"", "", errdefs.IsNotFound},
+	} {
+		got, err := matchPod(pods, tc.ref)
+		switch {
+		case tc.check != nil && !tc.check(err):
+			t.Errorf("matchPod(%q): %v", tc.ref, err)
+		case tc.check == nil && (err != nil || got.GetId() != tc.want):
+			t.Errorf("matchPod(%q) = %s, %v; want %s", tc.ref, got.GetId(), err, tc.want)
+		}
 	}
 }
