@@ -44,7 +44,8 @@ const (
 // the forks' checkpoints: 100 forks of a fast one make 100 000 wakeups and 10 000 process spawns
 // a second and saturate 2 cores (load average 200 here), so that the later forks would measure
 // the earlier ones' load. churnKB (python only) is how much of the held memory the agent rewrites
-// on every count, with fresh random bytes: the heap an agent's step changes.
+// on every count, with fresh random bytes read straight into it (no temporary object, whose
+// pages would change too): the heap an agent's step changes.
 type agentSpec struct {
 	kind    agentKind
 	memMB   int
@@ -83,6 +84,7 @@ def probe():
             os.replace("/tmp/probe.new", "/tmp/probe")
 threading.Thread(target=probe, daemon=True).start()
 held = bytearray(os.urandom(%[1]d << 20))
+rnd = open("/dev/urandom", "rb", buffering=0) if CHURN else None
 state = {k: str(k) for k in range(100000)}
 t, i = str(uuid.uuid4()), 0
 os.makedirs("/%[2]s/edits", exist_ok=True)
@@ -93,7 +95,7 @@ while True:
         state[i %% 100000] = t + str(i)
         if CHURN and CHURN <= len(held):
             at = (i * CHURN) %% (len(held) - CHURN + 1)
-            held[at:at + CHURN] = os.urandom(CHURN)
+            rnd.readinto(memoryview(held)[at:at + CHURN])
         with open("/%[2]s/edits/e%%d" %% (i %% %[3]d), "w") as f:
             f.write("%%s %%d\n" %% (t, i))
     else:
