@@ -135,6 +135,12 @@ func perCkpt(v func(*measured) int64) func(*measured) float64 {
 	}
 }
 
+// forkMetrics are the forks' times: each (p50) and all of them.
+var forkMetrics = []metric{
+	{"fork each p50", "ms", p50(func(m *measured) []time.Duration { return m.forkEach })},
+	{"fork total", "ms", func(m *measured) float64 { return orNaN(msOf(m.forkTotal)) }},
+}
+
 // restoreMetrics count the restores (rollbacks, forks) that were made and those verified.
 var restoreMetrics = []metric{
 	{"restores made", "", func(m *measured) float64 { return float64(m.restores) }},
@@ -175,17 +181,14 @@ func rows(r results, k int) []report.Row {
 	}
 	for _, n := range sortedKeys(r.fanout) {
 		by, p := r.fanout[n], fmt.Sprintf("%d forks", n)
-		add("fan-out", p, by,
-			metric{"fork each p50", "ms", p50(func(m *measured) []time.Duration { return m.forkEach })},
-			metric{"fork total", "ms", func(m *measured) float64 { return orNaN(msOf(m.forkTotal)) }},
+		add("fan-out", p, by, forkMetrics[0], forkMetrics[1],
 			metric{"disk per fork", "KiB", func(m *measured) float64 { return float64(m.diskBytes) / 1024 }},
 			memoryMetrics[0])
 		add("fan-out", p, by, restoreMetrics...)
 	}
 	if r.forked != nil {
 		by, p := map[string]*measured{"cklite": r.forked}, r.forkedParam
-		add("fork checkpoints", p, by,
-			metric{"fork each p50", "ms", p50(func(m *measured) []time.Duration { return m.forkEach })},
+		add("fork checkpoints", p, by, forkMetrics[0], forkMetrics[1],
 			metric{"checkpoint p50", "ms", p50(ckpt)}, metric{"rollback p50", "ms", p50(roll)},
 			metric{"1st ckpts stored against the origin", "", func(m *measured) float64 { return float64(m.fromOrigin) }})
 		add("fork checkpoints", p, by, diskMetrics(len(r.forked.checkpoint))...)
