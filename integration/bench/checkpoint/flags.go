@@ -28,7 +28,7 @@ type options struct {
 }
 
 // workloads are the names -only takes, in the order they run.
-var workloads = []string{"idle", "memory", "filesystem", "agent", "agent-history", "fan-out", "fork-checkpoints", "tree"}
+var workloads = []string{"idle", "memory", "filesystem", "agent", "agent-history", "exec", "fan-out", "fork-checkpoints", "tree"}
 
 // fullOnly are the workloads the quick mode leaves out, by the flag that does: -only runs them
 // with the full mode's value of that flag.

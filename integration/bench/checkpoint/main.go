@@ -10,6 +10,7 @@
 //     directory of a few thousand files (-agent-mem-mb, -agent-files);
 //   - agent history: the python agent holding 256 MB checkpointed 100 times, ~1 MB of its heap
 //     changed before each (-history-*), cklite only;
+//   - exec: short execs, and checkpoints with 0 and 5 exec'd processes (execs.go);
 //   - fan-out: 1, 10, ... forks of one checkpoint while the original runs (-forks);
 //   - fork checkpoints: 10 forks of one checkpoint of the python agent, each checkpointed 10
 //     times (-forked, -forked-checkpoints), cklite only;
@@ -182,6 +183,17 @@ func (e *env) runAll(o options) error {
 			return errors.Join(fmt.Errorf("%s %s: %w", s.workload, s.param, err), write(true))
 		}
 		r.series, r.bySeries[s] = append(r.series, s), m
+		if err := write(false); err != nil {
+			return err
+		}
+	}
+	if o.runs("exec") {
+		e.progress("=== exec: %d execs, %d checkpoints with 0 and with %d exec'd processes ===", execRuns, o.checkpoints, execExtras)
+		execs, err := e.runExecs(o.checkpoints)
+		if err != nil {
+			return errors.Join(fmt.Errorf("exec: %w", err), write(true))
+		}
+		r.execs = execs
 		if err := write(false); err != nil {
 			return err
 		}

@@ -136,6 +136,7 @@ type fakeBox struct {
 	snaps    map[int]agentState
 	stop     chan struct{}
 	done     chan struct{}
+	execs    uint32 // exec'd processes started
 }
 
 func (b *fakeBox) id() string             { return b.cid }
@@ -245,6 +246,31 @@ func (b *fakeBox) fork(i, n int, prefix string) ([]sandbox, []time.Duration, err
 	return forks, took, nil
 }
 
+// exec and startExec run nothing: the fake has no processes but its agent. Its exec'd
+// "processes" are numbers that run until the box closes.
+func (b *fakeBox) exec(...string) error { return b.sys.fail("exec") }
+
+func (b *fakeBox) startExec(...string) (uint32, error) {
+	if err := b.sys.fail("exec"); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.execs++
+	return b.execs, nil
+}
+
+func (b *fakeBox) execsRunning(pids []uint32) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, pid := range pids {
+		if pid == 0 || pid > b.execs {
+			return fmt.Errorf("exec'd process %d never started", pid)
+		}
+	}
+	return nil
+}
+
 func (b *fakeBox) close() error {
 	close(b.stop)
 	<-b.done
@@ -281,14 +307,16 @@ func TestSelftest(t *testing.T) {
 	}
 	// Calls are counted over the whole run; idle goes first, with 4 checkpoints and 3 rollbacks
 	// a system, then memory, filesystem, agent, the agent history (5 checkpoints, cklite only),
-	// fan-out (one checkpoint and one fork -n per count a system), fork checkpoints (cklite
-	// only: the origin's checkpoint, 2 of each of 2 forks), tree search.
+	// exec (cklite only: 4 checkpoints without and 4 with exec'd processes), fan-out (one
+	// checkpoint and one fork -n per count a system), fork checkpoints (cklite only: the origin's
+	// checkpoint, 2 of each of 2 forks), tree search.
 	cklite := &fakeSystem{dir: filepath.Join(out, "cklite"), calls: map[string]int{}, store: true, inject: []injection{
 		// Idle's third checkpoint fails for good: its rollbacks go to the other three.
 		{op: "checkpoint", nth: 3, times: 2, errMsg: "OCI runtime pause failed: unable to freeze"},
 		// The tree search's node 3: 17 checkpoints of the series before it (idle's retry
-		// included), the history's 5, fan-out's one, fork checkpoints' 5, the tree's nodes 0-2.
-		{op: "checkpoint", nth: 17 + 5 + 1 + 5 + 3 + 1, times: 1, errMsg: "criu dump failed: injected"},
+		// included), the history's 5, exec's 8, fan-out's one, fork checkpoints' 5, the tree's
+		// nodes 0-2.
+		{op: "checkpoint", nth: 17 + 5 + 8 + 1 + 5 + 3 + 1, times: 1, errMsg: "criu dump failed: injected"},
 	}}
 	stock := &fakeSystem{dir: filepath.Join(out, "stock"), calls: map[string]int{}, inject: []injection{
 		// Idle's second rollback fails once with a transient error: the retry succeeds.
@@ -361,6 +389,8 @@ func TestSelftest(t *testing.T) {
 		{"agent-history", "restores verified", "cklite", "3.000"},
 		// 2 forks verified, then each rolled back to its checkpoint 1 and verified.
 		{"fork checkpoints", "restores verified", "cklite", "4.000"},
+		// runc cannot checkpoint exec'd processes: stock takes no such checkpoint.
+		{"exec", "checkpoint, 5 execs p50", "stock", ""},
 	} {
 		if got := value(c.workload, c.metric, c.sys); got != c.want {
 			t.Errorf("%s %s, %s: %q, want %q", c.workload, c.metric, c.sys, got, c.want)
