@@ -14,12 +14,12 @@ import (
 // Most of a dump's files besides its pages are small and the same from one checkpoint to the
 // next (namespaces, seccomp, file descriptors, tmpfs tars of /dev, the processes' fs and ids):
 // about 20 of 40 in a busy shell's dump. Each costs a filesystem block (4 KiB) however small, so
-// that they weighed as much as the pages that changed (8 MiB of 60 in the benchmark's tree
-// search). share makes each file equal to one of the parent's, byte for byte, with the same
-// mode and owner, a hard link to the parent's: the chain keeps one copy. It is safe because
-// nothing writes an image file in place: CRIU writes a dump once, and every rewrite here, and
-// cklite.json's, replaces a file by renaming a new one over it, which leaves the other links
-// as they were. Removing the parent removes only its names; the child's link keeps the data.
+// that they weighed half as much as the pages that changed (15 MiB of 60 in the benchmark's tree
+// search; 6 MiB with share). share makes each image equal to one of the parent's, byte for byte,
+// with the same mode and owner, a hard link to the parent's: the chain keeps one copy. It is safe
+// because nothing writes an image in place: CRIU writes a dump once, and every rewrite here
+// replaces a file by renaming a new one over it, which leaves the other links as they were.
+// Removing the parent removes only its names; the child's link keeps the data.
 
 // share replaces each file of dir equal to a file of parent by a hard link to it. A link that
 // the filesystem refuses (another filesystem, too many links) leaves that file as it is. Each
@@ -67,8 +67,9 @@ func share(dir, parent string) (Shared, error) {
 }
 
 // shareableFiles are the files of image directory dir that may become links, with their stat:
-// the dump's regular files, not temporary files nor the report, which says what was done to
-// this directory.
+// CRIU's images (*.img), not temporary files. Nothing else: CRIU's logs and stats, which a
+// restore without a work directory writes into the image directory, may be truncated and
+// rewritten in place; cklite's JSON files say what this directory is.
 func shareableFiles(dir string) ([]fileAt, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -76,7 +77,7 @@ func shareableFiles(dir string) ([]fileAt, error) {
 	}
 	var out []fileAt
 	for _, e := range entries {
-		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") || e.Name() == ReportFile {
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") || !strings.HasSuffix(e.Name(), ".img") {
 			continue
 		}
 		fi, err := e.Info()
