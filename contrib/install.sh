@@ -312,6 +312,28 @@ install_etcd() {
   step_end "etcd $ETCD_VERSION" "built into $BIN/etcd"
 }
 
+# critest, cri-tools' CRI validation suite, is a Ginkgo test binary (cri-tools' Makefile builds it
+# with `go test -c sigs.k8s.io/cri-tools/cmd/critest`): built the same way from a module of our own
+# that requires cri-tools at CRITOOLS_VERSION, at nice 19 (only `make critest` uses it, so only
+# --critest builds it). CGO off and the version stamped as cri-tools' own build does.
+install_critest() {
+  if has_stamp critest "$CRITOOLS_VERSION" && [ -x "$BIN/critest" ]; then
+    say "critest $CRITOOLS_VERSION: present (skipped)"; return
+  fi
+  step_begin "critest $CRITOOLS_VERSION: build"
+  local src=$CACHE/src/critest-$CRITOOLS_VERSION gomod
+  gomod=$(cd / && go mod download -json "sigs.k8s.io/cri-tools@$CRITOOLS_VERSION" | awk -F'"' '/"GoMod":/{print $4}')
+  [ -f "$gomod" ] || die "go mod download sigs.k8s.io/cri-tools@$CRITOOLS_VERSION gave no go.mod (see the Go module proxy)"
+  mkdir -p "$src"
+  printf 'module cklite.local/critest\n\ngo %s\n\nrequire sigs.k8s.io/cri-tools %s\n' \
+    "$(awk '$1 == "go" {print $2; exit}' "$gomod")" "$CRITOOLS_VERSION" >"$src/go.mod"
+  run_logged "$LOGS/critest.log" sh -c "cd '$src' && CGO_ENABLED=0 nice -n 19 go test -c -mod=mod -trimpath \
+    -ldflags '-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=${CRITOOLS_VERSION#v}' \
+    -o '$BIN/critest.tmp' sigs.k8s.io/cri-tools/cmd/critest && mv -f '$BIN/critest.tmp' '$BIN/critest'"
+  stamp critest "$CRITOOLS_VERSION"
+  step_end "critest $CRITOOLS_VERSION" "built into $BIN/critest"
+}
+
 all_exist() {
   local f
   for f in "$@"; do [ -x "$f" ] || return 1; done
@@ -325,15 +347,22 @@ main() {
   install_criu
   install_go_stack
   [ "$KUBE" = 0 ] || install_kube
+  [ "$CRITEST" = 0 ] || install_critest
   say "done in $(elapsed "$t0"): binaries in $BIN"
 }
 
-usage() { echo "usage: $0 [--kube]   (--kube: also etcd and Kubernetes' kubelet, kube-apiserver, kube-controller-manager, kubectl)" >&2; exit 2; }
+usage() {
+  echo "usage: $0 [--kube] [--critest]" >&2
+  echo "  --kube     also etcd and Kubernetes' kubelet, kube-apiserver, kube-controller-manager, kubectl" >&2
+  echo "  --critest  also cri-tools' critest (make critest)" >&2
+  exit 2
+}
 
-KUBE=0
+KUBE=0 CRITEST=0
 for arg in "$@"; do
   case "$arg" in
     --kube) KUBE=1 ;;
+    --critest) CRITEST=1 ;;
     *) usage ;;
   esac
 done
