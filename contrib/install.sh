@@ -327,7 +327,7 @@ install_critest() {
   mkdir -p "$src"
   printf 'module cklite.local/critest\n\ngo %s\n\nrequire sigs.k8s.io/cri-tools %s\n' \
     "$(awk '$1 == "go" {print $2; exit}' "$gomod")" "$CRITOOLS_VERSION" >"$src/go.mod"
-  run_logged "$LOGS/critest.log" sh -c "cd '$src' && CGO_ENABLED=0 nice -n 19 go test -c -mod=mod -trimpath \
+  run_logged "$LOGS/critest.log" sh -c "cd '$src' && CGO_ENABLED=0 nice -n 19 go test -c -vet=off -mod=mod -trimpath \
     -ldflags '-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=${CRITOOLS_VERSION#v}' \
     -o '$BIN/critest.tmp' sigs.k8s.io/cri-tools/cmd/critest && mv -f '$BIN/critest.tmp' '$BIN/critest'"
   stamp critest "$CRITOOLS_VERSION"

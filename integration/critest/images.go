@@ -13,27 +13,27 @@ import (
 	"github.com/cklite/cklite/pkg/localimage"
 )
 
-// The repositories critest pulls from, below its --registry-prefix (which replaces
-// registry.k8s.io and gcr.io in the names it pulls).
+// upstreams are the registries critest names its images on; the daemon pulls from the local
+// registry in their place (harness.Registry.WriteMirror), where the images are pushed below the
+// same paths.
+var upstreams = []string{"registry.k8s.io", "gcr.io", "k8s.gcr.io"}
+
 const (
-	e2eImages = "e2e-test-images/"
-	criImages = "k8s-staging-cri-tools/"
+	e2eImages = "registry.k8s.io/e2e-test-images/"
+	criImages = "gcr.io/k8s-staging-cri-tools/"
 )
 
-// webRoot is where the web server image serves its page from.
-const webRoot = "/usr/share/nginx/html"
-
 // testImage is one image critest names, made from the busybox image as cri-tools' own Dockerfiles
-// make it (cri-tools/images): refs are the repositories and tags it is pushed as.
+// make it (cri-tools/images) or, for the web servers, as a stand-in that does what the cases ask
+// of it: refs are the names it is pushed as.
 type testImage struct {
 	refs   []string
 	change localimage.Change
 }
 
-// testImages are the images critest pulls through its registry prefix. Left out: the image pinned
-// by digest (test-image-digest@sha256:9700f9...: no local build has that digest), and httpd and
-// hostnet-nginx, which critest creates containers of by their public names (it pulls them through
-// the prefix, then cannot find them by name): those cases fail alike with every handler.
+// testImages are the images critest pulls. Left out: the image it pins by digest
+// (test-image-digest@sha256:9700f9...), which no local build reproduces; those cases fail alike
+// with every handler.
 func testImages() []testImage {
 	file := func(name string) localimage.Change {
 		return localimage.Change{Contents: map[string]string{name: name + "\n"}}
@@ -46,17 +46,23 @@ func testImages() []testImage {
 			Config: func(c *ocispec.ImageConfig) { c.User = u },
 		}
 	}
+	// busybox's httpd in place of nginx and Apache: it serves a page with status 200 on port,
+	// after a line in the log that names it (the multi-container case looks for "httpd").
+	server := func(name string, port int) localimage.Change {
+		return localimage.Change{
+			Contents: map[string]string{"www/index.html": "<h1>" + name + "</h1>\n"},
+			Config: func(c *ocispec.ImageConfig) {
+				c.Entrypoint = []string{"sh", "-c", fmt.Sprintf("echo %s listening on port %d; exec httpd -f -p %d -h /www", name, port, port)}
+				c.Cmd = nil
+			},
+		}
+	}
 	images := []testImage{
 		{refs: []string{e2eImages + "busybox:1.29-2"}},
-		// A web server on port 80 answering 200, what the networking cases ask of nginx.
-		{refs: []string{e2eImages + "nginx:1.14-2"}, change: localimage.Change{
-			Contents: map[string]string{strings.TrimPrefix(webRoot, "/") + "/index.html": "<h1>Welcome to nginx!</h1>\n"},
-			Config: func(c *ocispec.ImageConfig) {
-				c.Entrypoint, c.Cmd = []string{"httpd", "-f", "-p", "80", "-h", webRoot}, nil
-			},
-		}},
-		{refs: []string{"pause:3.9"}},
-		// Three tags of one image.
+		{refs: []string{e2eImages + "nginx:1.14-2"}, change: server("nginx", 80)},
+		{refs: []string{e2eImages + "httpd:2.4.39-4"}, change: server("httpd", 80)},
+		{refs: []string{criImages + "hostnet-nginx-amd64:latest"}, change: server("nginx", 12003)},
+		{refs: []string{"registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9"}},
 		{refs: []string{criImages + "test-image-tags:1", criImages + "test-image-tags:2", criImages + "test-image-tags:3"}, change: file("same-image")},
 		{refs: []string{criImages + "test-image-user-uid:latest"}, change: user("1002")},
 		{refs: []string{criImages + "test-image-user-username:latest"}, change: user("www-data")},
@@ -78,27 +84,24 @@ func testImages() []testImage {
 	return images
 }
 
-// pushTestImages builds testImages below dir and pushes them to reg, and writes the file critest's
-// --test-images-file reads: its default container and web server images on reg. It returns that
-// file's path.
-func pushTestImages(ctx context.Context, reg *harness.Registry, dir string) (string, error) {
+// pushTestImages builds testImages below dir and pushes them to reg, each name below its path
+// without the upstream registry.
+func pushTestImages(ctx context.Context, reg *harness.Registry, dir string) error {
 	busybox, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
-		return "", err
+		return err
 	}
 	for i, ti := range testImages() {
-		img, err := localimage.Derive(ctx, busybox, filepath.Join(dir, fmt.Sprintf("image-%d", i)), "localhost/critest/"+ti.refs[0], ti.change)
+		img, err := localimage.Derive(ctx, busybox, filepath.Join(dir, fmt.Sprintf("image-%d", i)), ti.refs[0], ti.change)
 		if err != nil {
-			return "", err
+			return err
 		}
 		for _, ref := range ti.refs {
-			if _, err := reg.Push(ctx, img, ref); err != nil {
-				return "", err
+			_, path, _ := strings.Cut(ref, "/")
+			if _, err := reg.Push(ctx, img, path); err != nil {
+				return err
 			}
 		}
 	}
-	path := filepath.Join(dir, "test-images.yaml")
-	content := fmt.Sprintf("defaultTestContainerImage: %s/%sbusybox:1.29-2\nwebServerTestImage: %s/%snginx:1.14-2\n",
-		reg.Addr, e2eImages, reg.Addr, e2eImages)
-	return path, os.WriteFile(path, []byte(content), 0o644)
+	return nil
 }

@@ -8,9 +8,10 @@
 // cklite-snapshotter, no options table; -options-table adds one, the other form containerd
 // passes to the shim) and runc's alongside, a CNI bridge with port mapping, and the locally built
 // pause image. critest pulls its images from public registries, which this machine does not
-// reach: the images it names are built here from the busybox image (images.go), pushed to a
-// private registry the harness starts, and critest is pointed at it with --registry-prefix and
-// --test-images-file.
+// reach: the images it names are built here from the busybox image (images.go) and pushed to a
+// private registry the harness starts, which each daemon uses as its mirror of those registries.
+// (critest's --registry-prefix is no way round: it drops the tag of every image it renames, so
+// pulls of busybox:1.29-2 ask for busybox:latest.)
 //
 // It reports and asserts nothing: exit status 0 when every handler's run completed, whatever
 // the cases' outcomes. critest's output, its Ginkgo JSON report and containerd's log of each run
@@ -94,15 +95,14 @@ func run(ctx context.Context, o options) (retErr error) {
 		return err
 	}
 	defer os.RemoveAll(work)
-	imagesFile, err := pushTestImages(ctx, reg, work)
-	if err != nil {
+	if err := pushTestImages(ctx, reg, work); err != nil {
 		return err
 	}
 	all := map[string]results{}
 	for _, h := range o.handlers {
 		fmt.Printf("critest with handler %s (output: %s)\n", h, filepath.Join(o.out, h+".log"))
 		begin := time.Now()
-		res, err := runHandler(ctx, stack, reg, imagesFile, h, o)
+		res, err := runHandler(ctx, stack, reg, h, o)
 		if err != nil {
 			return fmt.Errorf("handler %s: %w", h, err)
 		}
@@ -115,7 +115,7 @@ func run(ctx context.Context, o options) (retErr error) {
 }
 
 // runHandler runs critest with handler on a containerd of its own and returns its outcomes.
-func runHandler(ctx context.Context, stack *harness.Stack, reg *harness.Registry, imagesFile, handler string, o options) (_ results, retErr error) {
+func runHandler(ctx context.Context, stack *harness.Stack, reg *harness.Registry, handler string, o options) (_ results, retErr error) {
 	cfg := harness.Config{Registry: reg, CkliteSnapshotter: true}
 	if o.optionsTable {
 		table := filepath.Join(o.out, "cklite-options.toml")
@@ -133,6 +133,11 @@ func runHandler(ctx context.Context, stack *harness.Stack, reg *harness.Registry
 		ctx := context.WithoutCancel(ctx)
 		retErr = errors.Join(retErr, keepLog(filepath.Join(d.Dir, "containerd.log"), filepath.Join(o.out, handler+"-containerd.log")), d.Close(ctx))
 	}()
+	for _, upstream := range upstreams {
+		if err := reg.WriteMirror(d.HostsDir, upstream); err != nil {
+			return nil, err
+		}
+	}
 	cri, err := d.CRI(ctx)
 	if err != nil {
 		return nil, err
@@ -148,7 +153,7 @@ func runHandler(ctx context.Context, stack *harness.Stack, reg *harness.Registry
 		retErr = errors.Join(retErr, cri.RemovePods(context.WithoutCancel(ctx)), removeBridge())
 	}()
 	report := filepath.Join(o.out, handler+".json")
-	if err := runCritest(ctx, o, d.Address, reg.Addr, imagesFile, handler, report); err != nil {
+	if err := runCritest(ctx, o, d.Address, handler, report); err != nil {
 		return nil, err
 	}
 	return readReport(report)
@@ -157,7 +162,7 @@ func runHandler(ctx context.Context, stack *harness.Stack, reg *harness.Registry
 // runCritest runs critest against the CRI socket address with handler, its output in
 // handler.log and its Ginkgo report in report. A run with failed cases is not an error; one that
 // left no report is.
-func runCritest(ctx context.Context, o options, address, registry, imagesFile, handler, report string) error {
+func runCritest(ctx context.Context, o options, address, handler, report string) error {
 	logf, err := os.Create(filepath.Join(o.out, handler+".log"))
 	if err != nil {
 		return err
@@ -166,7 +171,6 @@ func runCritest(ctx context.Context, o options, address, registry, imagesFile, h
 	args := []string{
 		"--runtime-endpoint", "unix://" + address, "--image-endpoint", "unix://" + address,
 		"--runtime-handler", handler,
-		"--registry-prefix", registry, "--test-images-file", imagesFile,
 		"--ginkgo.json-report", report, "--ginkgo.no-color", "--ginkgo.timeout", "3h",
 	}
 	if o.focus != "" {
