@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -47,14 +48,18 @@ func testImages() []testImage {
 		}
 	}
 	// busybox's httpd in place of nginx and Apache: it serves a page with status 200 on port,
-	// after a line in the log that names it (the multi-container case looks for "httpd").
+	// after a line in the log that names it (the multi-container case looks for "httpd"). Its
+	// pid goes where nginx's does, and PID 1's command line says "master process" as nginx's
+	// does (the PID namespace cases look for both). SIGTERM ends it at once.
 	server := func(name string, port int) localimage.Change {
+		script := fmt.Sprintf(`trap 'kill $pid; exit 0' TERM
+httpd -f -p %[2]d -h /www & pid=$!
+echo $pid >/var/run/nginx.pid
+echo "%[1]s: master process listening on port %[2]d"
+wait`, name, port)
 		return localimage.Change{
 			Contents: map[string]string{"www/index.html": "<h1>" + name + "</h1>\n"},
-			Config: func(c *ocispec.ImageConfig) {
-				c.Entrypoint = []string{"sh", "-c", fmt.Sprintf("echo %s listening on port %d; exec httpd -f -p %d -h /www", name, port, port)}
-				c.Cmd = nil
-			},
+			Config:   func(c *ocispec.ImageConfig) { c.Entrypoint, c.Cmd = []string{"sh", "-c", script}, nil },
 		}
 	}
 	images := []testImage{
@@ -62,7 +67,9 @@ func testImages() []testImage {
 		{refs: []string{e2eImages + "nginx:1.14-2"}, change: server("nginx", 80)},
 		{refs: []string{e2eImages + "httpd:2.4.39-4"}, change: server("httpd", 80)},
 		{refs: []string{criImages + "hostnet-nginx-amd64:latest"}, change: server("nginx", 12003)},
-		{refs: []string{"registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9"}},
+		// An image of its own, not busybox's under another name (an image manager case counts
+		// the names of one image).
+		{refs: []string{"registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9"}, change: file("pause")},
 		{refs: []string{criImages + "test-image-tags:1", criImages + "test-image-tags:2", criImages + "test-image-tags:3"}, change: file("same-image")},
 		{refs: []string{criImages + "test-image-user-uid:latest"}, change: user("1002")},
 		{refs: []string{criImages + "test-image-user-username:latest"}, change: user("www-data")},
@@ -84,14 +91,41 @@ func testImages() []testImage {
 	return images
 }
 
-// pushTestImages builds testImages below dir and pushes them to reg, each name below its path
-// without the upstream registry.
+// nnpSource is what the e2e nonewprivs image runs, setuid root: it prints the effective uid, 0
+// unless no_new_privs kept the setuid bit from acting.
+const nnpSource = `#include <stdio.h>
+#include <unistd.h>
+int main(void) { printf("Effective uid: %d\n", geteuid()); return 0; }
+`
+
+// nnpImage is the nonewprivs image: nnpSource built statically, setuid root, as its command.
+func nnpImage(ctx context.Context, dir string) (testImage, error) {
+	src, bin := filepath.Join(dir, "nnp.c"), filepath.Join(dir, "nnp")
+	if err := os.WriteFile(src, []byte(nnpSource), 0o644); err != nil {
+		return testImage{}, err
+	}
+	if out, err := exec.CommandContext(ctx, "gcc", "-static", "-O2", "-o", bin, src).CombinedOutput(); err != nil {
+		return testImage{}, fmt.Errorf("building the nonewprivs program: %w: %s", err, out)
+	}
+	return testImage{refs: []string{e2eImages + "nonewprivs:1.3"}, change: localimage.Change{
+		Files:  map[string]string{"usr/local/bin/nnp": bin},
+		Modes:  map[string]os.FileMode{"usr/local/bin/nnp": os.ModeSetuid | 0o755},
+		Config: func(c *ocispec.ImageConfig) { c.Entrypoint, c.Cmd = []string{"/usr/local/bin/nnp"}, nil },
+	}}, nil
+}
+
+// pushTestImages builds testImages and the nonewprivs image below dir and pushes them to reg,
+// each name below its path without the upstream registry.
 func pushTestImages(ctx context.Context, reg *harness.Registry, dir string) error {
 	busybox, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
 		return err
 	}
-	for i, ti := range testImages() {
+	nnp, err := nnpImage(ctx, dir)
+	if err != nil {
+		return err
+	}
+	for i, ti := range append(testImages(), nnp) {
 		img, err := localimage.Derive(ctx, busybox, filepath.Join(dir, fmt.Sprintf("image-%d", i)), ti.refs[0], ti.change)
 		if err != nil {
 			return err

@@ -30,6 +30,9 @@ type Change struct {
 	// files such as /etc/passwd or a web server's page, which callers need not write to the
 	// host first.
 	Contents map[string]string
+	// Modes are set last, on files of the base or added: path in the image -> mode, setuid and
+	// setgid bits included.
+	Modes map[string]os.FileMode
 	// Config, when set, edits the image's config (user, entrypoint, labels); base's is kept
 	// otherwise.
 	Config func(*ocispec.ImageConfig)
@@ -63,6 +66,11 @@ func Derive(ctx context.Context, base Image, dir, name string, change Change) (I
 	}
 	for inImage, content := range change.Contents {
 		if err := writeContent(filepath.Join(rootfs, inImage), content); err != nil {
+			return Image{}, err
+		}
+	}
+	for inImage, mode := range change.Modes {
+		if err := os.Chmod(filepath.Join(rootfs, inImage), mode); err != nil {
 			return Image{}, err
 		}
 	}

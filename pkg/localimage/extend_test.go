@@ -40,7 +40,8 @@ func TestExtend(t *testing.T) {
 }
 
 // TestDerive: a derived image holds the base's files, a written file replacing the base's symbolic
-// link (not written through it), and the base's config as Config edited it.
+// link (not written through it), a mode with the setuid bit, and the base's config as Config
+// edited it.
 func TestDerive(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "rootfs")
 	must(t, os.MkdirAll(filepath.Join(root, "bin"), 0o755))
@@ -52,6 +53,7 @@ func TestDerive(t *testing.T) {
 
 	img, err := Derive(t.Context(), base, t.TempDir(), "localhost/derived:latest", Change{
 		Contents: map[string]string{"etc/passwd": "www-data:x:33:33::/:/bin/sh\n"},
+		Modes:    map[string]os.FileMode{"bin/sh": os.ModeSetuid | 0o755},
 		Config:   func(c *ocispec.ImageConfig) { c.User = "www-data" },
 	})
 	if err != nil {
@@ -64,8 +66,8 @@ func TestDerive(t *testing.T) {
 	if p := entries["etc/passwd"]; p == nil || p.Typeflag != tar.TypeReg || p.Size != int64(len("www-data:x:33:33::/:/bin/sh\n")) {
 		t.Errorf("etc/passwd = %+v, want the written regular file", p)
 	}
-	if p := entries["bin/sh"]; p == nil || p.Size != int64(len("base")) {
-		t.Errorf("bin/sh = %+v, want the base's file untouched", p)
+	if p := entries["bin/sh"]; p == nil || p.Size != int64(len("base")) || p.Mode != 0o4755 {
+		t.Errorf("bin/sh = %+v, want the base's file, setuid", p)
 	}
 }
 
