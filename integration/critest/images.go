@@ -54,7 +54,7 @@ func testImages() []testImage {
 	server := func(name string, port int) localimage.Change {
 		script := fmt.Sprintf(`trap 'kill $pid; exit 0' TERM
 httpd -f -p %[2]d -h /www & pid=$!
-echo $pid >/var/run/nginx.pid
+mkdir -p /var/run && echo $pid >/var/run/nginx.pid
 echo "%[1]s: master process listening on port %[2]d"
 wait`, name, port)
 		return localimage.Change{
