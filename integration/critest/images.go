@@ -32,10 +32,10 @@ type testImage struct {
 	change localimage.Change
 }
 
-// testImages are the images critest pulls. Left out: the image it pins by digest
-// (test-image-digest@sha256:9700f9...), which no local build reproduces; those cases fail alike
-// with every handler.
-func testImages() []testImage {
+// testImages are the images critest pulls, bins the host paths of the built programs. Left out:
+// the image it pins by digest (test-image-digest@sha256:9700f9...), which no local build
+// reproduces; those cases fail alike with every handler.
+func testImages(bins map[string]string) []testImage {
 	file := func(name string) localimage.Change {
 		return localimage.Change{Contents: map[string]string{name: name + "\n"}}
 	}
@@ -48,22 +48,32 @@ func testImages() []testImage {
 		}
 	}
 	// busybox's httpd in place of nginx and Apache: it serves a page with status 200 on port,
-	// after a line in the log that names it (the multi-container case looks for "httpd"). Its
-	// pid goes where nginx's does, and PID 1's command line says "master process" as nginx's
-	// does (the PID namespace cases look for both). SIGTERM ends it at once.
+	// after a line in the log that names it (the multi-container case looks for "httpd"). A
+	// process named nginx runs beside it with its pid where nginx's goes, and PID 1's command
+	// line says "master process" as nginx's does (the PID namespace cases look for all three).
+	// SIGTERM ends it at once.
 	server := func(name string, port int) localimage.Change {
-		script := fmt.Sprintf(`trap 'kill $pid; exit 0' TERM
-httpd -f -p %[2]d -h /www & pid=$!
-mkdir -p /var/run && echo $pid >/var/run/nginx.pid
+		script := fmt.Sprintf(`trap 'kill $web $nginx; exit 0' TERM
+httpd -f -p %[2]d -h /www & web=$!
+nginx & nginx=$!
+mkdir -p /var/run && echo $nginx >/var/run/nginx.pid
 echo "%[1]s: master process listening on port %[2]d"
 wait`, name, port)
 		return localimage.Change{
+			Files:    map[string]string{"usr/sbin/nginx": bins["nginx"]},
 			Contents: map[string]string{"www/index.html": "<h1>" + name + "</h1>\n"},
 			Config:   func(c *ocispec.ImageConfig) { c.Entrypoint, c.Cmd = []string{"sh", "-c", script}, nil },
 		}
 	}
 	images := []testImage{
-		{refs: []string{e2eImages + "busybox:1.29-2"}},
+		// /bin/ls a hard link of busybox, as in busybox's own image: masking a symbolic link
+		// masks the busybox it points at, sh included (the MaskedPaths case masks /bin/ls).
+		{refs: []string{e2eImages + "busybox:1.29-2"}, change: localimage.Change{Links: map[string]string{"bin/ls": "bin/busybox"}}},
+		{refs: []string{e2eImages + "nonewprivs:1.3"}, change: localimage.Change{
+			Files:  map[string]string{"usr/local/bin/nnp": bins["nnp"]},
+			Modes:  map[string]os.FileMode{"usr/local/bin/nnp": os.ModeSetuid | 0o755},
+			Config: func(c *ocispec.ImageConfig) { c.Entrypoint, c.Cmd = []string{"/usr/local/bin/nnp"}, nil },
+		}},
 		{refs: []string{e2eImages + "nginx:1.14-2"}, change: server("nginx", 80)},
 		{refs: []string{e2eImages + "httpd:2.4.39-4"}, change: server("httpd", 80)},
 		{refs: []string{criImages + "hostnet-nginx-amd64:latest"}, change: server("nginx", 12003)},
@@ -91,41 +101,49 @@ wait`, name, port)
 	return images
 }
 
-// nnpSource is what the e2e nonewprivs image runs, setuid root: it prints the effective uid, 0
-// unless no_new_privs kept the setuid bit from acting.
-const nnpSource = `#include <stdio.h>
+// programs are the C programs of some images, by name, built statically (the images have no
+// libc).
+var programs = map[string]string{
+	// The e2e nonewprivs image's, run setuid root: it prints the effective uid, 0 unless
+	// no_new_privs kept the setuid bit from acting.
+	"nnp": `#include <stdio.h>
 #include <unistd.h>
 int main(void) { printf("Effective uid: %d\n", geteuid()); return 0; }
-`
-
-// nnpImage is the nonewprivs image: nnpSource built statically, setuid root, as its command.
-func nnpImage(ctx context.Context, dir string) (testImage, error) {
-	src, bin := filepath.Join(dir, "nnp.c"), filepath.Join(dir, "nnp")
-	if err := os.WriteFile(src, []byte(nnpSource), 0o644); err != nil {
-		return testImage{}, err
-	}
-	if out, err := exec.CommandContext(ctx, "gcc", "-static", "-O2", "-o", bin, src).CombinedOutput(); err != nil {
-		return testImage{}, fmt.Errorf("building the nonewprivs program: %w: %s", err, out)
-	}
-	return testImage{refs: []string{e2eImages + "nonewprivs:1.3"}, change: localimage.Change{
-		Files:  map[string]string{"usr/local/bin/nnp": bin},
-		Modes:  map[string]os.FileMode{"usr/local/bin/nnp": os.ModeSetuid | 0o755},
-		Config: func(c *ocispec.ImageConfig) { c.Entrypoint, c.Cmd = []string{"/usr/local/bin/nnp"}, nil },
-	}}, nil
+`,
+	// nginx by name only, for the web server stand-ins: it waits for a signal.
+	"nginx": `#include <unistd.h>
+int main(void) { for (;;) pause(); }
+`,
 }
 
-// pushTestImages builds testImages and the nonewprivs image below dir and pushes them to reg,
-// each name below its path without the upstream registry.
+// buildPrograms builds programs into dir and returns their paths by name.
+func buildPrograms(ctx context.Context, dir string) (map[string]string, error) {
+	bins := map[string]string{}
+	for name, source := range programs {
+		src, bin := filepath.Join(dir, name+".c"), filepath.Join(dir, name)
+		if err := os.WriteFile(src, []byte(source), 0o644); err != nil {
+			return nil, err
+		}
+		if out, err := exec.CommandContext(ctx, "gcc", "-static", "-O2", "-o", bin, src).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("building %s: %w: %s", src, err, out)
+		}
+		bins[name] = bin
+	}
+	return bins, nil
+}
+
+// pushTestImages builds testImages below dir and pushes them to reg, each name below its path
+// without the upstream registry.
 func pushTestImages(ctx context.Context, reg *harness.Registry, dir string) error {
 	busybox, err := localimage.Busybox(ctx, localimage.CacheDir(), os.Stderr)
 	if err != nil {
 		return err
 	}
-	nnp, err := nnpImage(ctx, dir)
+	bins, err := buildPrograms(ctx, dir)
 	if err != nil {
 		return err
 	}
-	for i, ti := range append(testImages(), nnp) {
+	for i, ti := range testImages(bins) {
 		img, err := localimage.Derive(ctx, busybox, filepath.Join(dir, fmt.Sprintf("image-%d", i)), ti.refs[0], ti.change)
 		if err != nil {
 			return err

@@ -30,6 +30,9 @@ type Change struct {
 	// files such as /etc/passwd or a web server's page, which callers need not write to the
 	// host first.
 	Contents map[string]string
+	// Links make paths in the image hard links of other files of it: path -> target, both in
+	// the image; what was at path (a symbolic link, say) is replaced.
+	Links map[string]string
 	// Modes are set last, on files of the base or added: path in the image -> mode, setuid and
 	// setgid bits included.
 	Modes map[string]os.FileMode
@@ -69,6 +72,13 @@ func Derive(ctx context.Context, base Image, dir, name string, change Change) (I
 			return Image{}, err
 		}
 	}
+	for inImage, target := range change.Links {
+		if err := replaceWith(filepath.Join(rootfs, inImage), func(path string) error {
+			return os.Link(filepath.Join(rootfs, target), path)
+		}); err != nil {
+			return Image{}, err
+		}
+	}
 	for inImage, mode := range change.Modes {
 		if err := os.Chmod(filepath.Join(rootfs, inImage), mode); err != nil {
 			return Image{}, err
@@ -84,15 +94,19 @@ func Derive(ctx context.Context, base Image, dir, name string, change Change) (I
 }
 
 func writeContent(path, content string) error {
+	return replaceWith(path, func(path string) error { return os.WriteFile(path, []byte(content), 0o644) })
+}
+
+// replaceWith removes what is at path and makes path anew with make. Removed first: the base may
+// hold a symbolic link there (busybox's applets), which a write would follow out of the image.
+func replaceWith(path string, make func(string) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	// Remove first: the base may hold a symbolic link there (busybox's applets), which a write
-	// would follow out of the image.
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	return os.WriteFile(path, []byte(content), 0o644)
+	return make(path)
 }
 
 // readLayout returns the config of a layout's one image and the paths of its layer blobs.
