@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -193,4 +194,41 @@ func readToken(t *testing.T, rootfs, name string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(data))
+}
+
+// TestExecTerminalsDevTty: CRIU knows /dev/tty by one name in a container, which a restore can
+// give one terminal only. Two interactive busybox shells started with `nerdctl exec -it sh` each
+// hold /dev/tty open: a checkpoint is refused, naming both shells by pid, and nothing is
+// recorded. Once one of them exits, the checkpoint is taken and the other shell answers on.
+func TestExecTerminalsDevTty(t *testing.T) {
+	e := newCkEnv(t)
+	c, _, _ := e.startCounter(t, "exectty2")
+	var shells []*terminal
+	var pids []string
+	for i := range 2 {
+		s := startTerminal(t, e.d, 30, 100, "exec", "-it", c.ID(), "sh")
+		v := fmt.Sprintf("shell%d", i)
+		s.send(t, "V="+v+`; echo "SH""ELL=$$ V=$V"`)
+		pids = append(pids, expectShell(t, s, "", v))
+		shells = append(shells, s)
+	}
+	before := cklite(t, e.d, "checkpoint", "ls", "-q")
+	_, err := e.d.Cklite(context.Background(), "checkpoint", "create", c.ID())
+	if err == nil || !strings.Contains(err.Error(), "hold /dev/tty open on two terminals") {
+		t.Fatalf("checkpoint with two shells holding /dev/tty: %v, want it refused", err)
+	}
+	for _, pid := range pids {
+		if !strings.Contains(err.Error(), "(pid "+pid+" in the container") {
+			t.Fatalf("the refusal does not name shell %s: %v", pid, err)
+		}
+	}
+	t.Logf("refused as expected: %v", err)
+	if after := cklite(t, e.d, "checkpoint", "ls", "-q"); after != before {
+		t.Fatalf("a refused checkpoint left checkpoints %q (before: %q)", after, before)
+	}
+	shells[1].send(t, "exit 0")
+	shells[1].wait(t)
+	cklite(t, e.d, "checkpoint", "create", c.ID())
+	shells[0].send(t, `echo "SH""ELL=$$ V=$V"`)
+	expectShell(t, shells[0], pids[0], "shell0")
 }

@@ -103,7 +103,8 @@ func DevTtyAliases(pids []int, sessions map[int]string) (map[string]string, erro
 			continue // gone
 		}
 		for _, name := range names {
-			holders[name] = append(holders[name], fmt.Sprintf("%d (session %d)", pid, sid))
+			nspid, _ := nsPid(pid)
+			holders[name] = append(holders[name], fmt.Sprintf("%d (pid %d in the container, session %d)", pid, nspid, sid))
 			tty, ours := sessions[sid]
 			if !ours {
 				tty = "another terminal"
