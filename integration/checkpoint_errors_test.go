@@ -296,7 +296,7 @@ func serveUnix(t *testing.T, path string) <-chan net.Conn {
 // checkpoint is taken.
 func TestCheckpointRefusedWhileExecRuns(t *testing.T) {
 	e := newCkEnv(t)
-	// Its execs run outside the init's process tree, as execs with a terminal do.
+	// Its execs run outside the init's process tree (opted out).
 	c := e.newContainer(t, "execs", e.img, counterSpec, oci.WithAnnotations(map[string]string{"cklite.io/exec-in-tree": "false"}))
 	task, err := startTask(e.ctx, c)
 	if err != nil {
