@@ -151,8 +151,9 @@ func restoredShell(t *testing.T, e *ckEnv, id, pid string) int {
 	return 0
 }
 
-// askVariable types into the terminal of the shell hostPid a command that writes 1 MB to the
-// terminal, which nobody reads, then the shell's variable into /tmp/tty-v, and checks it is v.
+// askVariable types into the terminal of the shell hostPid a command that opens /dev/tty, writes
+// 1 MB to the terminal, which nobody reads, then the shell's variable into /tmp/tty-v, and checks
+// it is v.
 func askVariable(t *testing.T, hostPid int, rootfs, v string) {
 	t.Helper()
 	answer := filepath.Join(rootfs, "tmp", "tty-v")
@@ -164,7 +165,8 @@ func askVariable(t *testing.T, hostPid int, rootfs, v string) {
 		t.Fatal(err)
 	}
 	defer tty.Close()
-	for _, b := range []byte("yes | head -c 1000000; echo \"$V\" >/tmp/tty-v\n") {
+	// The shell opens /dev/tty too, as busybox's does for job control.
+	for _, b := range []byte("exec 9<>/dev/tty; yes | head -c 1000000; echo \"$V\" >/tmp/tty-v\n") {
 		if err := ioctl(tty, func(fd int) error {
 			if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCSTI, uintptr(unsafe.Pointer(&b))); errno != 0 {
 				return errno

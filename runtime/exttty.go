@@ -124,6 +124,27 @@ func DevTtyAliases(pids []int, sessions map[int]string) (map[string]string, erro
 	return aliases, nil
 }
 
+// TtySessions finds, among pids, the leaders of sessions on one of ttys (a process whose fds 0-2
+// hold one of them and whose session is its own): for DevTtyAliases, sessions whose terminal the
+// shim made at a restore, as it keeps no exec for them.
+func TtySessions(pids []int, ttys []string, sessions map[int]string) {
+	want := map[string]bool{}
+	for _, tty := range ttys {
+		want[tty] = true
+	}
+	for _, pid := range pids {
+		if sid, err := sessionOf(pid); err != nil || sid != pid {
+			continue
+		}
+		for fd := range 3 {
+			if name := ptySlaveName(pid, fd); want[name] {
+				sessions[pid] = name
+				break
+			}
+		}
+	}
+}
+
 // devTtyFds are the names of the /dev/tty files pid holds open.
 func devTtyFds(pid int) []string {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)

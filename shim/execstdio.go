@@ -46,14 +46,16 @@ func writeExecStdio(c *container, dir string) ([]execPipe, error) {
 			sessions[tp.Pid] = tp.Tty
 		}
 	}
-	for _, name := range c.standIns.list() {
+	standIns := c.standIns.list()
+	for _, name := range standIns {
 		pipes = append(pipes, execPipe{Tty: name})
 	}
-	if len(sessions) > 0 {
+	if len(sessions) > 0 || len(standIns) > 0 {
 		pids, err := c.engine().Pids()
 		if err != nil {
 			return nil, err
 		}
+		runtime.TtySessions(pids, standIns, sessions)
 		aliases, err := runtime.DevTtyAliases(pids, sessions)
 		if err != nil {
 			return nil, fmt.Errorf("container %s: %w", c.id, err)

@@ -68,14 +68,19 @@ func (s *service) launchInTree(ctx context.Context, c *container, p *process, lp
 	}
 	pio.started()
 	p.setIO(pio)
-	p.setTree(tp)
 	if cs != nil {
 		if err := s.takeConsole(ctx, p, pio, cs, false); err != nil {
+			// Nobody would see its terminal: it goes, as a process whose stdio failed does.
 			_ = signalTree(tp, unix.SIGKILL)
 			tp.PidFD.Close()
+			p.mu.Lock()
+			p.io = nil
+			p.mu.Unlock()
+			pio.Close()
 			return err
 		}
 	}
+	p.setTree(tp)
 	return p.started(nil, tp.Pid, statusRunning)
 }
 
