@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cklite/cklite/integration/harness"
 )
 
 // TestExecTerminalSurvivesCheckpoint: an interactive shell started with `nerdctl exec -it sh` on a
@@ -233,4 +235,58 @@ func TestExecTerminalsDevTty(t *testing.T) {
 	cklite(t, e.d, "checkpoint", "create", c.ID())
 	shells[0].send(t, `echo "SH""ELL=$$ V=$V"`)
 	expectShell(t, shells[0], pids[0], "shell0")
+}
+
+// TestExecTerminalBesideInitTerminal: a task on a terminal (`nerdctl run -it sh`, whose pty CRIU
+// restores through orphan-pts-master) and an exec on another (`nerdctl exec -it`, a loop reading
+// lines, which holds no /dev/tty: only the init's shell does) are checkpointed together: a
+// leave-running checkpoint and one past the switch rule leave both sessions answering, same pids
+// in the container; after a rollback the init's session answers with the variable of the
+// checkpoint.
+func TestExecTerminalBesideInitTerminal(t *testing.T) {
+	e := newCkEnv(t)
+	const name = "ttyinit"
+	sh := startTerminal(t, e.d, 30, 100, "run", "-it", "--snapshotter", ckliteSnapshotter, "--runtime", harness.CkliteRuntime,
+		"--net", "none", "--name", name, busybox.Name, "sh")
+	old := "init-" + randomTag()
+	sh.send(t, "V="+old+`; echo "SH""ELL=$$ V=$V"`)
+	initPid := expectShell(t, sh, "", old)
+	id := inspect(t, e.d, name, "{{.ID}}")
+	loop := startTerminal(t, e.d, 30, 100, "exec", "-it", name, "sh", "-c", `while read -r l; do echo "GOT=$l $$"; done`)
+	loopPid := expectLine(t, loop, "")
+
+	m := createdID.FindStringSubmatch(cklite(t, e.d, "checkpoint", "create", id))
+	if m == nil {
+		t.Fatal("cklite checkpoint create printed no checkpoint id")
+	}
+	expectLine(t, loop, loopPid)
+	sh.send(t, `echo "SH""ELL=$$ V=$V"`)
+	expectShell(t, sh, initPid, old)
+
+	if err := os.WriteFile(filepath.Join(e.d.RootfsPath(id), "big"), make([]byte, 65<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cklite(t, e.d, "checkpoint", "create", id)
+	expectLine(t, loop, loopPid)
+	sh.send(t, `V=changed; echo "SH""ELL=$$ V=$V"`)
+	expectShell(t, sh, initPid, "changed")
+
+	cklite(t, e.d, "rollback", id, m[1])
+	sh.send(t, `echo "SH""ELL=$$ V=$V"`)
+	expectShell(t, sh, initPid, old)
+}
+
+var gotRE = regexp.MustCompile(`GOT=(\w+) (\d+)`)
+
+// expectLine types a fresh word into the loop's terminal and checks the loop echoes it, from pid
+// (unless ""); it returns the loop's pid.
+func expectLine(t *testing.T, s *terminal, pid string) string {
+	t.Helper()
+	word := "w" + randomTag()
+	s.send(t, word)
+	got := s.expect(t, gotRE)
+	if got[1] != word || pid != "" && got[2] != pid {
+		t.Fatalf("the exec'd loop answered %q, want %s from pid %s; the terminal shows:\n%s", got[0], word, pid, s.shows())
+	}
+	return got[2]
 }
