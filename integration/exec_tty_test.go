@@ -238,8 +238,8 @@ func TestExecTerminalsDevTty(t *testing.T) {
 }
 
 // TestExecTerminalBesideInitTerminal: a task on a terminal (`nerdctl run -it sh`, whose pty CRIU
-// restores through orphan-pts-master) and an exec on another (`nerdctl exec -it`, a loop reading
-// lines, which holds no /dev/tty: only the init's shell does) are checkpointed together: a
+// restores through orphan-pts-master) and an exec on another (`ctr tasks exec --tty`, a loop
+// reading lines, which holds no /dev/tty: only the init's shell does) are checkpointed together: a
 // leave-running checkpoint and one past the switch rule leave both sessions answering, same pids
 // in the container; after a rollback the init's session answers with the variable of the
 // checkpoint.
@@ -252,7 +252,8 @@ func TestExecTerminalBesideInitTerminal(t *testing.T) {
 	sh.send(t, "V="+old+`; echo "SH""ELL=$$ V=$V"`)
 	initPid := expectShell(t, sh, "", old)
 	id := inspect(t, e.d, name, "{{.ID}}")
-	loop := startTerminal(t, e.d, 30, 100, "exec", "-it", name, "sh", "-c", `while read -r l; do echo "GOT=$l $$"; done`)
+	loop := startOnTerminal(t, e.d.Command(context.Background(), "ctr", "--address", e.d.Address, "--namespace", e.d.Namespace,
+		"tasks", "exec", "--tty", "--exec-id", "loop", id, "sh", "-c", `while read -r l; do echo "GOT=$l $$"; done`), 30, 100)
 	loopPid := expectLine(t, loop, "")
 
 	m := createdID.FindStringSubmatch(cklite(t, e.d, "checkpoint", "create", id))

@@ -58,19 +58,31 @@ func IsTtyName(name string) bool { return ttyNameRE.MatchString(name) }
 func ExternalTty(name string) string { return "external " + name }
 
 // NewTty makes a new pty pair for a restore: the master for the shim, the slave for CRIU.
+//
+// The master is opened as a plain fd, never one Go's poller owns (as console.NewPty's
+// os.OpenFile would): a read of a pollable file parks inside Go until data comes, and the console
+// epoller's read holds the console's lock meanwhile, which the epoller's single wait loop then
+// takes for that console's next event, stalling every other console of the shim until data
+// comes (a task's terminal went silent after an exec's terminal moved onto such a master).
 func NewTty() (console.Console, *os.File, error) {
-	master, path, err := console.NewPty()
+	fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
+		return nil, nil, fmt.Errorf("new pty for a restored terminal: %w", err)
+	}
+	ptmx := os.NewFile(uintptr(fd), "/dev/ptmx")
+	master, path, err := console.NewPtyFromFile(ptmx)
+	if err != nil {
+		ptmx.Close()
 		return nil, nil, fmt.Errorf("new pty for a restored terminal: %w", err)
 	}
 	// Opened blocking, as a process expects its terminal (os.OpenFile would make it
 	// non-blocking, a flag the restored process would share).
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	sfd, err := unix.Open(path, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		master.Close()
 		return nil, nil, fmt.Errorf("open the slave of a new pty for a restored terminal: %w", err)
 	}
-	return master, os.NewFile(uintptr(fd), path), nil
+	return master, os.NewFile(uintptr(sfd), path), nil
 }
 
 // A process on an exec's terminal may also hold it through /dev/tty (busybox's sh does, for job
