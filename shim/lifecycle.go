@@ -78,7 +78,13 @@ func (p *process) transitionLocked(op string, to status) (status, error) {
 		return from, nil // a rollback restores from its start
 	}
 	if !canGo(from, to) {
-		return from, fmt.Errorf("cannot %s a %s process: %w", op, from, errdefs.ErrFailedPrecondition)
+		// A deleted process is gone: NotFound, as runc's shim answers, so that a second Delete
+		// (CRI and a client racing to remove the same task) counts as done.
+		var kind error = errdefs.ErrFailedPrecondition
+		if from == statusDeleted {
+			kind = errdefs.ErrNotFound
+		}
+		return from, fmt.Errorf("cannot %s a %s process: %w", op, from, kind)
 	}
 	p.state = to
 	return from, nil
