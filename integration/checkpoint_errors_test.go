@@ -290,7 +290,8 @@ func serveUnix(t *testing.T, path string) <-chan net.Conn {
 }
 
 // TestCheckpointRefusedWhileExecRuns: a process started with exec outside the init's process tree
-// that CRIU dumps (one with a terminal, or any in a container annotated cklite.io/exec-in-tree=false)
+// that CRIU dumps (any in a container annotated cklite.io/exec-in-tree=false, or without a PID
+// namespace of its own)
 // would be lost by a memory checkpoint; it is refused, naming the exec, and leaves the task, the
 // exec'd process and the checkpoint list as they were. Once the exec'd process is gone the
 // checkpoint is taken.
