@@ -45,7 +45,8 @@ func aliasTtys(recorded []execPipe, files map[string]*os.File) {
 // nullTty is the slave of a new pty whose output is read and discarded until no process holds
 // the slave any more (the master then reads EIO), and which gets no input: a restored shell
 // waits at its prompt, with its memory, rather than reading the end of its input and exiting.
-// It is one of the container's stand-ins while the master is read.
+// It is one of the container's stand-ins while the master is read (by a blocking read, one
+// thread a stand-in: the master is no Go-polled file, see runtime.NewTty).
 func nullTty(standIns *ttyStandIns) (*os.File, error) {
 	master, slave, err := runtime.NewTty()
 	if err != nil {
