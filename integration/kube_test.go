@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -11,6 +13,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/integration/workload"
+	"github.com/cklite/cklite/pkg/localimage"
 )
 
 // The kubelet tests run a real one-node Kubernetes (harness.Kube: etcd, kube-apiserver,
@@ -249,4 +253,61 @@ func TestKubeRuntimeClass(t *testing.T) {
 	if st, err := cri.ContainerState(ctx, id); err == nil && st == runtimeapi.ContainerState_CONTAINER_RUNNING {
 		t.Errorf("container %s of the deleted pod still runs", id)
 	}
+}
+
+// TestKubeSandbox is the agent sandbox under a kubelet: a pod of the Debian + python3 image on
+// cklite, python holding 256 MiB beside the counter, checkpointed through the kubelet's API,
+// exported and pushed, and restored on the same node as a new pod with the docs' restore YAML:
+// the counter counts on with its token, the files are as checkpointed, and the kubelet sees the
+// pod Running with no restart. (The kubelet's service account volume is at
+// /var/run/secrets/..., which Debian's /var/run -> /run symlink resolves to /run/secrets/...:
+// the restore admits it as the spec's bind mount.)
+func TestKubeSandbox(t *testing.T) {
+	d, cri, k := startKube(t)
+	ctx := kubeContext(t)
+	sandbox, err := localimage.Sandbox(ctx, localimage.CacheDir(), os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cri.ImportImage(ctx, sandbox); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, k, "label", "node", harness.KubeNode, "cklite.io/runtime=true")
+	if err := k.Apply(ctx, readFile(t, "../contrib/kubernetes/runtimeclass.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := json.Marshal(map[string]any{
+		"apiVersion": "v1", "kind": "Pod", "metadata": map[string]string{"name": "sandbox"},
+		"spec": map[string]any{
+			"runtimeClassName": "cklite",
+			"containers": []map[string]any{{
+				"name": "agent", "image": sandbox.Name, "imagePullPolicy": "Never",
+				"command": []string{"sh", "-c", pythonHolder + workload.CounterScript},
+			}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := runPod(t, k, "sandbox", string(manifest))
+	c := newCounter(cri.RootfsPath(id))
+	writeMarkFiles(t, c.Rootfs, "sandbox")
+	at := c.advance(t, 5)
+	start := time.Now()
+	archive, err := k.Checkpoint(ctx, "default", "sandbox", "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logTiming(t, "kubelet checkpoint API, 256 MiB", start)
+	ref := exportAndPush(t, d, cri, archive, "sandbox")
+
+	restore := strings.NewReplacer("REG/app:ck1", ref, "agent-fork-1", "sandbox-restored").
+		Replace(docBlock(t, "../docs/kubernetes.md", "<!-- kube: restore pod -->"))
+	rid := runPod(t, k, "sandbox-restored", restore)
+	rc := newCounter(cri.RootfsPath(rid))
+	if got, err := readMarks(rc.Rootfs); err != nil || !maps.Equal(got, wantMarks("sandbox")) {
+		t.Fatalf("marks of the restored pod: %v, %v; want %v", got, err, wantMarks("sandbox"))
+	}
+	rc.expectRestored(t, at)
+	expectUp(t, k, "sandbox-restored")
 }

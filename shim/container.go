@@ -34,18 +34,20 @@ type container struct {
 	opts       *options.Options
 	eng        engine // read through engine(): an in-place checkpoint or rollback replaces it
 	init       *process
-	checkpoint string               // image directory to restore from at Start, if created from a checkpoint
-	fromImage  bool                 // that checkpoint came with the container's image: its rootfs is the checkpoint's
-	dumped     checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
-	netns      *os.File             // a new network namespace for that restore, held until it is done
-	execStdio  *treeHold            // stand-ins for the stdio of its exec'd processes, likewise
-	spec       *specs.Spec
-	cfgOpts    runtime.ConfigOptions
-	stateRoot  string
-	sharedPid  bool        // no private PID namespace: init's exit does not take the others along
-	reaping    reapCheck   // whether its PID 1 reaps the execs of its tree (reapcheck.go)
-	standIns   ttyStandIns // the terminals of its restored processes that have no exec id (exectty.go)
-	cgroup     *runtime.Cgroup
+	checkpoint string // image directory to restore from at Start, if created from a checkpoint
+	fromImage  bool   // that checkpoint came with the container's image: its rootfs is the checkpoint's
+	// admitMounted: the checkpoint's images are admitted once the rootfs is mounted (prepareRestore)
+	admitMounted bool
+	dumped       checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
+	netns        *os.File             // a new network namespace for that restore, held until it is done
+	execStdio    *treeHold            // stand-ins for the stdio of its exec'd processes, likewise
+	spec         *specs.Spec
+	cfgOpts      runtime.ConfigOptions
+	stateRoot    string
+	sharedPid    bool        // no private PID namespace: init's exit does not take the others along
+	reaping      reapCheck   // whether its PID 1 reaps the execs of its tree (reapcheck.go)
+	standIns     ttyStandIns // the terminals of its restored processes that have no exec id (exectty.go)
+	cgroup       *runtime.Cgroup
 	// cgroupOf loads a process's cgroup: runtime.LoadCgroup, a fake in unit tests.
 	cgroupOf func(pid int) (*runtime.Cgroup, error)
 
@@ -134,6 +136,11 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 			c.unmountRootfs(ctx)
 		}
 	}()
+	if c.admitMounted {
+		if err := s.admit(c.checkpoint, c.spec, c.rootfs); err != nil {
+			return nil, err
+		}
+	}
 	eng, err := c.newEngine(c.restoreConfig)
 	if err != nil {
 		c.closeNetNS()

@@ -185,7 +185,7 @@ func fakeService(t *testing.T, e *fakeEngine, labels map[string]string) (*servic
 		reaper:     newReaper(),
 		shutdown:   sd,
 		daemon:     &fakeDaemon{labels: labels},
-		admit:      func(dir string, _ *specs.Spec) error { return checkpoint.CheckImages(dir) },
+		admit:      func(dir string, _ *specs.Spec, _ string) error { return checkpoint.CheckImages(dir) },
 		containers: map[string]*container{},
 	}
 	bundle := t.TempDir()

@@ -131,13 +131,17 @@ func (s *service) memoryParent(ctx context.Context, ns string, meta checkpoint.M
 // admitChain is admitImages for this shim's containerd: an image directory whose pages are partly
 // in parent image directories is admitted when the whole chain is in cklite's checkpoints
 // directory. The chain is read-locked meanwhile: no deduplication rewrites it under the check.
-func (s *service) admitChain(dir string, spec *specs.Spec) error {
+// With rootfs (the container's, mounted), the spec's mount destinations are resolved in it.
+func (s *service) admitChain(dir string, spec *specs.Spec, rootfs string) error {
+	var opts []criuimage.AdmitOption
+	if rootfs != "" {
+		opts = append(opts, criuimage.ResolveIn(rootfs))
+	}
 	l, err := pagechain.ReadLock(dir)
 	if err != nil {
-		return admitImages(dir, spec) // no directory to lock: it says why
+		return admitImages(dir, spec, opts...) // no directory to lock: it says why
 	}
 	defer l.Unlock()
-	var opts []criuimage.AdmitOption
 	if len(l.Dirs) > 1 {
 		cfg, err := s.config.get()
 		if err != nil {

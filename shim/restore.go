@@ -34,13 +34,17 @@ import (
 func (s *service) prepareRestore(ctx context.Context, ns string, c *container, rootfs []mount.Mount) ([]mount.Mount, error) {
 	meta, err := checkpoint.Read(c.checkpoint)
 	if errdefs.IsNotFound(err) {
-		return rootfs, s.admit(c.checkpoint, c.spec) // a stock CRIU image
+		return rootfs, s.admit(c.checkpoint, c.spec, "") // a stock CRIU image
 	}
 	if err != nil {
 		return nil, err
 	}
-	if meta.Contents.HasMemory() {
-		if err := s.admit(c.checkpoint, c.spec); err != nil {
+	// A container made from a checkpoint image has its rootfs from the image: nothing changes
+	// before its mount, after which the images are admitted with the spec's mount destinations
+	// resolved in it (admitMounted). Any other restore is admitted before its rootfs switch.
+	c.admitMounted = meta.Contents.HasMemory() && c.fromImage
+	if meta.Contents.HasMemory() && !c.fromImage {
+		if err := s.admit(c.checkpoint, c.spec, ""); err != nil {
 			return nil, err
 		}
 	}

@@ -45,7 +45,7 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 	if !meta.Contents.HasMemory() {
 		return fmt.Errorf("checkpoint %s holds no processes (contents %s): start a new task from it: %w", meta.ID, meta.Contents, errdefs.ErrFailedPrecondition)
 	}
-	if err := s.admit(dir, c.spec); err != nil {
+	if err := s.admit(dir, c.spec, c.rootfs); err != nil {
 		return err
 	}
 	sn, err := s.daemon.snapshotter(rs.snapshotter)

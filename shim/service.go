@@ -45,9 +45,10 @@ type service struct {
 	shutdown shutdown.Service
 	daemon   daemonClient
 	config   shimConfig
-	// admit checks a CRIU image directory before a restore from it (admitChain; unit tests,
-	// whose images hold no processes, check only that they are complete).
-	admit func(dir string, spec *specs.Spec) error
+	// admit checks a CRIU image directory before a restore from it, the spec's mount
+	// destinations resolved in rootfs when it is mounted (admitChain; unit tests, whose images
+	// hold no processes, check only that they are complete).
+	admit func(dir string, spec *specs.Spec, rootfs string) error
 
 	mu         sync.Mutex
 	containers map[string]*container

@@ -41,7 +41,7 @@ func Admit(dir string, spec *specs.Spec, opts ...AdmitOption) error {
 	if err := img.CheckPages(dir, o.parentsUnder); err != nil {
 		return fmt.Errorf("checkpoint image %s: %w: %w", dir, err, errdefs.ErrInvalidArgument)
 	}
-	if err := img.CheckSpec(spec); err != nil {
+	if err := img.checkSpec(spec, o.rootfs); err != nil {
 		return fmt.Errorf("checkpoint image %s asks for more than the container's spec allows: %w: %w", dir, err, errdefs.ErrPermissionDenied)
 	}
 	return nil
@@ -81,7 +81,7 @@ func checkPagesFile(dir string, pid, id uint32, present, page uint64) error {
 // AdmitOption is an option of Admit.
 type AdmitOption func(*admitOptions)
 
-type admitOptions struct{ parentsUnder string }
+type admitOptions struct{ parentsUnder, rootfs string }
 
 // ParentsUnder admits pages in parent image directories when the directory and its whole chain of
 // parents lie below root.
@@ -89,8 +89,20 @@ func ParentsUnder(root string) AdmitOption {
 	return func(o *admitOptions) { o.parentsUnder = root }
 }
 
+// ResolveIn resolves the spec's mount destinations in the container's rootfs, mounted at rootfs,
+// as libcontainer does when it names a bind mount to CRIU: a destination through a symlink of
+// the rootfs (the kubelet's /var/run/secrets/... in an image whose /var/run links to /run) is
+// where CRIU's image records the mount. Without it, destinations are taken as they are written.
+func ResolveIn(rootfs string) AdmitOption {
+	return func(o *admitOptions) { o.rootfs = rootfs }
+}
+
 // CheckSpec checks the image's credentials, seccomp modes, namespaces and mounts against spec.
-func (img *Image) CheckSpec(spec *specs.Spec) error {
+func (img *Image) CheckSpec(spec *specs.Spec) error { return img.checkSpec(spec, "") }
+
+// checkSpec is CheckSpec with the spec's mount destinations resolved in rootfs (ResolveIn), ""
+// for as written.
+func (img *Image) checkSpec(spec *specs.Spec, rootfs string) error {
 	if spec == nil || spec.Process == nil {
 		return errors.New("the container has no process spec to check the image against")
 	}
@@ -106,7 +118,7 @@ func (img *Image) CheckSpec(spec *specs.Spec) error {
 	if err := img.checkNamespaces(spec); err != nil {
 		return err
 	}
-	return checkMounts(img.Mounts, spec)
+	return checkMounts(img.Mounts, spec, rootfs)
 }
 
 // privileges is what the spec lets the container's processes hold.

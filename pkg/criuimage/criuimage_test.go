@@ -362,3 +362,42 @@ func relink(t *testing.T, dir, target string) {
 		t.Fatal(err)
 	}
 }
+
+// TestMountsResolvedInRootfs: the kubelet's bind mount at /var/run/secrets/sa, in a rootfs whose
+// /var/run links to /run, is in CRIU's image at /run/secrets/sa (libcontainer keys it so):
+// admitted with the destinations resolved in the rootfs, refused with them as written; an
+// absolute symlink resolves inside the rootfs, as libcontainer resolves it (the container's
+// /etc, not the host's).
+func TestMountsResolvedInRootfs(t *testing.T) {
+	rootfs := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(rootfs, "run", "secrets", "sa"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for link, target := range map[string]string{"var/run": "../run", "escape": "/etc"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(rootfs, link)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(rootfs, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root := Mount{ID: 10, Parent: 1, Mountpoint: "/", RootDev: 50}
+	for _, tc := range []struct {
+		name, dest, mountpoint, rootfs string
+		ok                             bool
+	}{
+		{"resolved in the rootfs", "/var/run/secrets/sa", "/run/secrets/sa", rootfs, true},
+		{"as written", "/var/run/secrets/sa", "/run/secrets/sa", "", false},
+		{"an absolute symlink resolves inside the rootfs", "/escape/shadow", "/etc/shadow", rootfs, true},
+		{"a rootfs without the symlink", "/escape/shadow", "/etc/shadow", rootfs + "/nowhere", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &specs.Spec{Mounts: []specs.Mount{{Destination: tc.dest, Type: "bind", Source: "/host/sa", Options: []string{"rbind"}}}}
+			m := Mount{ID: 11, Parent: 10, Mountpoint: tc.mountpoint, FSType: fsTmpfs, RootDev: 60, External: true, ExtKey: tc.mountpoint}
+			err := checkMounts([]Mount{root, m}, spec, tc.rootfs)
+			if (err == nil) != tc.ok {
+				t.Fatalf("checkMounts: %v, want admitted %v", err, tc.ok)
+			}
+		})
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"path/filepath"
 
+	securejoin "github.com/cyphar/filepath-securejoin"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -20,7 +22,7 @@ var runtimeMounts = []string{"/dev/console", "/dev/null", "/dev/zero", "/dev/ful
 // be the rootfs, at a spec mount's destination, at a masked or read-only path, or a kernel file
 // system under a spec mount (cgroup hierarchies under /sys/fs/cgroup, say); an external (bind)
 // mount must be one of the spec's; any other file system must come from the rootfs.
-func checkMounts(mounts []Mount, spec *specs.Spec) error {
+func checkMounts(mounts []Mount, spec *specs.Spec, rootfs string) error {
 	if len(mounts) == 0 {
 		return nil
 	}
@@ -40,7 +42,7 @@ func checkMounts(mounts []Mount, spec *specs.Spec) error {
 	if root == nil || root.Mountpoint != "/" {
 		return fmt.Errorf("the image's mount tree has no root at /")
 	}
-	dests, binds, cgroups := specMounts(spec)
+	dests, binds, cgroups := specMounts(spec, rootfs)
 	for _, m := range mounts {
 		if m.ID == root.ID {
 			continue
@@ -90,16 +92,18 @@ func checkMount(m Mount, root *Mount, dests, binds, cgroups map[string]bool) err
 
 // specMounts are the destinations where the spec (or libcontainer for it) mounts, those of its
 // bind mounts (masked and read-only paths count as destinations), and those of its cgroup mounts.
-func specMounts(spec *specs.Spec) (dests, binds, cgroups map[string]bool) {
+// With a rootfs, each mount's destination counts also as resolved in it (ResolveIn).
+func specMounts(spec *specs.Spec, rootfs string) (dests, binds, cgroups map[string]bool) {
 	dests, binds, cgroups = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, m := range spec.Mounts {
-		d := cleanMountpoint(m.Destination)
-		dests[d] = true
-		if m.Type == "bind" || hasBind(m.Options) {
-			binds[d] = true
-		}
-		if m.Type == "cgroup" {
-			cgroups[d] = true
+		for _, d := range destinations(m.Destination, rootfs) {
+			dests[d] = true
+			if m.Type == "bind" || hasBind(m.Options) {
+				binds[d] = true
+			}
+			if m.Type == "cgroup" {
+				cgroups[d] = true
+			}
 		}
 	}
 	for _, d := range runtimeMounts {
@@ -114,6 +118,24 @@ func specMounts(spec *specs.Spec) (dests, binds, cgroups map[string]bool) {
 		}
 	}
 	return dests, binds, cgroups
+}
+
+// destinations are where a mount at dest lands: dest as written and, with a rootfs, dest with
+// the rootfs's symlinks resolved inside it (securejoin, as libcontainer resolves it).
+func destinations(dest, rootfs string) []string {
+	d := cleanMountpoint(dest)
+	if rootfs == "" {
+		return []string{d}
+	}
+	resolved, err := securejoin.SecureJoin(rootfs, d)
+	if err != nil {
+		return []string{d}
+	}
+	rel, err := filepath.Rel(rootfs, resolved)
+	if err != nil {
+		return []string{d}
+	}
+	return []string{d, cleanMountpoint("/" + rel)}
 }
 
 func hasBind(opts []string) bool {
