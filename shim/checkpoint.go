@@ -239,7 +239,10 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 		}
 		return err
 	}
-	res, err := ip.run(ctx)
+	// Once CRIU's dump has ended the processes only the freeze and the restore bring them back:
+	// they must not end with the request, which ttrpc cancels when containerd goes away (as a
+	// rollback's, rollback.go). The freeze waits for containerd and the snapshotter, bounded.
+	res, err := ip.run(context.WithoutCancel(ctx))
 	switch {
 	case err != nil:
 		return err

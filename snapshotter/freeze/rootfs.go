@@ -43,21 +43,28 @@ import (
 // caller mounts that one); name is committed only if Rootfs succeeded (an error after the commit
 // removes it, or leaves it to the lease, or in the chain of the fresh key the container is on).
 func Rootfs(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm leases.Manager, id, name string, labels map[string]string) (string, error) {
-	ctr, err := cs.Get(ctx, id)
-	if err != nil {
-		return "", fmt.Errorf("freeze the rootfs of container %s: %w", id, err)
-	}
-	key := ctr.SnapshotKey
-	info, err := sn.Stat(ctx, key)
+	var (
+		key    string
+		info   snapshots.Info
+		mounts []mount.Mount
+	)
+	err := step(ctx, func() error {
+		ctr, err := cs.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		key = ctr.SnapshotKey
+		if info, err = sn.Stat(ctx, key); err != nil {
+			return err
+		}
+		mounts, err = sn.Mounts(ctx, key)
+		return err
+	})
 	if err != nil {
 		return key, fmt.Errorf("freeze the rootfs of container %s: %w", id, err)
 	}
 	if info.Kind != snapshots.KindActive {
 		return key, fmt.Errorf("freeze the rootfs of container %s: %s is a %s snapshot: %w", id, key, info.Kind, errdefs.ErrFailedPrecondition)
-	}
-	mounts, err := sn.Mounts(ctx, key)
-	if err != nil {
-		return key, fmt.Errorf("freeze the rootfs of container %s: %w", id, err)
 	}
 	upper, err := UpperDir(key, mounts)
 	if err != nil {
@@ -83,16 +90,49 @@ func Rootfs(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm lea
 // and 2 of Rootfs).
 func lendAndCommit(ctx context.Context, sn snapshots.Snapshotter, key, parent, upper, name string, labels map[string]string) error {
 	borrower := "cklite/freezing/" + name
-	if _, err := sn.Prepare(ctx, borrower, parent, snapshots.WithLabels(map[string]string{LabelUpperOf: upper})); err != nil {
+	err := step(ctx, retried(func() error {
+		_, err := sn.Prepare(ctx, borrower, parent, snapshots.WithLabels(map[string]string{LabelUpperOf: upper}))
+		return err
+	}, errdefs.IsAlreadyExists))
+	if err != nil {
 		return fmt.Errorf("lend the upper of %s: %w", key, err)
 	}
 	fault.Point(fault.FreezeLent)
-	if err := sn.Commit(ctx, name, borrower, snapshots.WithLabels(labels)); err != nil {
+	err = step(ctx, retried(func() error {
+		return sn.Commit(ctx, name, borrower, snapshots.WithLabels(labels))
+	}, func(err error) bool {
+		// The borrower is gone or name is there: committed, if name exists.
+		if !errdefs.IsNotFound(err) && !errdefs.IsAlreadyExists(err) {
+			return false
+		}
+		_, serr := sn.Stat(ctx, name)
+		return serr == nil
+	}))
+	if err != nil {
 		removeQuietly(ctx, sn, borrower, "the borrower of a failed freeze")
 		return fmt.Errorf("commit the upper of %s as %s: %w", key, name, err)
 	}
 	fault.Point(fault.FreezeCommitted)
 	return nil
+}
+
+// step runs one call of a freeze, again while containerd or the snapshotter does not answer.
+func step(ctx context.Context, op func() error) error {
+	return RetryUnavailable(ctx, RetryLimit, op)
+}
+
+// retried wraps op for step: once a try has failed (its answer may be what was lost), an error
+// that done accepts means that try did it.
+func retried(op func() error, done func(error) bool) func() error {
+	tried := false
+	return func() error {
+		err := op()
+		if tried && err != nil && done(err) {
+			return nil
+		}
+		tried = true
+		return err
+	}
 }
 
 // frozenRootfs is a container whose upper has been committed as name: steps 3 to 5 of Rootfs.
@@ -116,12 +156,16 @@ func (fr *frozenRootfs) move(ctx context.Context) error {
 		labels = map[string]string{}
 	}
 	labels[LabelReplaces] = fr.key
-	sw, err := prepareFresh(ctx, fr.sn, fr.id, fr.name, labels)
+	var sw Switched
+	err := step(ctx, func() (err error) {
+		sw, err = prepareFresh(ctx, fr.sn, fr.id, fr.name, labels)
+		return err
+	})
 	if err != nil {
 		removeQuietly(ctx, fr.sn, fr.name, "the layer of a failed freeze")
 		return err
 	}
-	if err := repoint(ctx, fr.sn, fr.cs, fr.id, fr.key, sw.Key); err != nil {
+	if err := step(ctx, func() error { return repoint(ctx, fr.sn, fr.cs, fr.id, fr.key, sw.Key) }); err != nil {
 		removeQuietly(ctx, fr.sn, fr.name, "the layer of a failed freeze")
 		return err
 	}
@@ -133,7 +177,13 @@ func (fr *frozenRootfs) move(ctx context.Context) error {
 		log.G(ctx).WithError(err).WithField("key", fr.key).Warn("hand over the frozen upper (the collector does it with the key)")
 	}
 	fault.Point(fault.FreezeHandedOver)
-	if err := fr.sn.Remove(ctx, fr.key); err != nil && !errdefs.IsNotFound(err) {
+	err = step(ctx, func() error {
+		if err := fr.sn.Remove(ctx, fr.key); !errdefs.IsNotFound(err) {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("freeze the rootfs of container %s: it is on %s, its former key %s could not be removed: %w", fr.id, sw.Key, fr.key, err)
 	}
 	return nil
@@ -146,10 +196,14 @@ func (fr *frozenRootfs) rename(ctx context.Context) error {
 		labels = map[string]string{}
 	}
 	labels[LabelReplaces] = fr.fresh
-	if _, err := fr.sn.Prepare(ctx, fr.key, fr.name, snapshots.WithLabels(labels)); err != nil {
+	err := step(ctx, retried(func() error {
+		_, err := fr.sn.Prepare(ctx, fr.key, fr.name, snapshots.WithLabels(labels))
+		return err
+	}, errdefs.IsAlreadyExists))
+	if err != nil {
 		return fmt.Errorf("freeze the rootfs of container %s: it is on %s, preparing %s again failed: %w", fr.id, fr.fresh, fr.key, err)
 	}
-	if err := repoint(ctx, fr.sn, fr.cs, fr.id, fr.fresh, fr.key); err != nil {
+	if err := step(ctx, func() error { return repoint(ctx, fr.sn, fr.cs, fr.id, fr.fresh, fr.key) }); err != nil {
 		return err
 	}
 	fr.on = fr.key
