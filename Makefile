@@ -77,8 +77,8 @@ test-unit:
 ## test-long: issue 16's long runs: 300 checkpoints of one container, 30 rollbacks in place, 2
 ## forks; 16 concurrent checkpoints x 10 rounds
 test-long: deps build
-	CKLITE_LONG_CHECKPOINTS=300 CKLITE_CONCURRENT_ROUNDS=10 $(GO) test -count=1 -v -timeout 120m \
-		-run 'TestCheckpointLong$$|TestConcurrentCheckpoints$$' ./integration/
+	CKLITE_LONG_CHECKPOINTS=300 CKLITE_CONCURRENT_ROUNDS=10 CKLITE_EXECS=10000 $(GO) test -count=1 -v -timeout 120m \
+		-run 'TestCheckpointLong$$|TestConcurrentCheckpoints$$|TestExecsMany$$' ./integration/
 
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -skip '^TestKube' ./integration/

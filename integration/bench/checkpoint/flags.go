@@ -25,7 +25,7 @@ type options struct {
 }
 
 // workloads are the names -only takes, in the order they run.
-var workloads = []string{"idle", "memory", "filesystem", "agent", "fan-out", "tree"}
+var workloads = []string{"idle", "memory", "filesystem", "agent", "exec", "fan-out", "tree"}
 
 // runs says whether workload w runs: all do unless -only names another.
 func (o options) runs(w string) bool { return o.only == "" || o.only == w }

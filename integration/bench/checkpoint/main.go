@@ -8,6 +8,7 @@
 //   - filesystem: M MB written to the rootfs first (-rootfs-mb), 1 MB changed before every checkpoint;
 //   - agent: python3 in the debootstrap sandbox holding state in memory and editing a project
 //     directory of a few thousand files (-agent-mem-mb, -agent-files);
+//   - exec: short execs, and checkpoints with 0 and 5 exec'd processes (execs.go);
 //   - fan-out: 1, 10, ... forks of one checkpoint while the original runs (-forks);
 //   - tree search: a seeded tree of 100 expansions and 49 rollbacks, depth 8, every restored node
 //     verified by its memory counter and project hash (-tree-*).
@@ -178,6 +179,17 @@ func (e *env) runAll(o options) error {
 			return errors.Join(fmt.Errorf("%s %s: %w", s.workload, s.param, err), write(true))
 		}
 		r.series, r.bySeries[s] = append(r.series, s), m
+		if err := write(false); err != nil {
+			return err
+		}
+	}
+	if o.runs("exec") {
+		e.progress("=== exec: %d execs, %d checkpoints with 0 and with %d exec'd processes ===", execRuns, o.checkpoints, execExtras)
+		execs, err := e.runExecs(o.checkpoints)
+		if err != nil {
+			return errors.Join(fmt.Errorf("exec: %w", err), write(true))
+		}
+		r.execs = execs
 		if err := write(false); err != nil {
 			return err
 		}

@@ -22,6 +22,7 @@ type results struct {
 	series   []series // in the order run
 	bySeries map[series]map[string]*measured
 	fanout   map[int]map[string]*measured
+	execs    map[string]*measured // nil when left out
 	tree     map[string]*measured // nil when left out
 	// treeParam names the tree search's row group.
 	treeParam string
@@ -148,6 +149,10 @@ func rows(r results, k int) []report.Row {
 		add(s.workload, s.param, by, diskMetrics(k)...)
 		add(s.workload, s.param, by, memoryMetrics...)
 		add(s.workload, s.param, by, restoreMetrics...)
+	}
+	if r.execs != nil {
+		add(execWhere.workload, execWhere.param, r.execs, execMetrics...)
+		add(execWhere.workload, execWhere.param, r.execs, memoryMetrics[0])
 	}
 	for _, n := range sortedKeys(r.fanout) {
 		by, p := r.fanout[n], fmt.Sprintf("%d forks", n)

@@ -131,6 +131,7 @@ type fakeBox struct {
 	snaps    map[int]agentState
 	stop     chan struct{}
 	done     chan struct{}
+	execs    uint32 // exec'd processes started
 }
 
 func (b *fakeBox) id() string             { return b.cid }
@@ -240,6 +241,31 @@ func (b *fakeBox) fork(i, n int, prefix string) ([]sandbox, []time.Duration, err
 	return forks, took, nil
 }
 
+// exec and startExec run nothing: the fake has no processes but its agent. Its exec'd
+// "processes" are numbers that run until the box closes.
+func (b *fakeBox) exec(...string) error { return b.sys.fail("exec") }
+
+func (b *fakeBox) startExec(...string) (uint32, error) {
+	if err := b.sys.fail("exec"); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.execs++
+	return b.execs, nil
+}
+
+func (b *fakeBox) execsRunning(pids []uint32) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, pid := range pids {
+		if pid == 0 || pid > b.execs {
+			return fmt.Errorf("exec'd process %d never started", pid)
+		}
+	}
+	return nil
+}
+
 func (b *fakeBox) close() error {
 	close(b.stop)
 	<-b.done
@@ -274,14 +300,15 @@ func TestSelftest(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Calls are counted over the whole run; idle goes first, with 4 checkpoints and 3 rollbacks
-	// a system, then memory, filesystem, agent, fan-out (one checkpoint and one fork -n per
-	// count a system), tree search.
+	// a system, then memory, filesystem, agent, exec (cklite only: 4 checkpoints without and 4
+	// with exec'd processes), fan-out (one checkpoint and one fork -n per count a system), tree
+	// search.
 	cklite := &fakeSystem{dir: filepath.Join(out, "cklite"), calls: map[string]int{}, store: true, inject: []injection{
 		// Idle's third checkpoint fails for good: its rollbacks go to the other three.
 		{op: "checkpoint", nth: 3, times: 2, errMsg: "OCI runtime pause failed: unable to freeze"},
 		// The tree search's node 3: 17 checkpoints of the series before it (idle's retry
-		// included), fan-out's one, the tree's nodes 0-2.
-		{op: "checkpoint", nth: 17 + 1 + 3 + 1, times: 1, errMsg: "criu dump failed: injected"},
+		// included), exec's 8, fan-out's one, the tree's nodes 0-2.
+		{op: "checkpoint", nth: 17 + 8 + 1 + 3 + 1, times: 1, errMsg: "criu dump failed: injected"},
 	}}
 	stock := &fakeSystem{dir: filepath.Join(out, "stock"), calls: map[string]int{}, inject: []injection{
 		// Idle's second rollback fails once with a transient error: the retry succeeds.
@@ -349,6 +376,8 @@ func TestSelftest(t *testing.T) {
 		{"memory", "  memory (logical)", "cklite", "0.016"}, {"memory", "  of it memory (stored)", "cklite", "0.004"},
 		{"memory", "  memory dedup ratio", "cklite", "4.000"}, {"memory", "  memory dedup ratio", "stock", ""},
 		{"tree search", "  memory dedup ratio", "cklite", "4.000"},
+		// runc cannot checkpoint exec'd processes: stock takes no such checkpoint.
+		{"exec", "checkpoint, 5 execs p50", "stock", ""},
 	} {
 		if got := value(c.workload, c.metric, c.sys); got != c.want {
 			t.Errorf("%s %s, %s: %q, want %q", c.workload, c.metric, c.sys, got, c.want)

@@ -58,6 +58,12 @@ type sandbox interface {
 	diskDirs() []string
 	// fsDisk is the part of the disk use that holds filesystem state, not CRIU images.
 	fsDisk() (int64, error)
+	// exec runs args in the container as an exec process and waits for it to exit 0.
+	exec(args ...string) error
+	// startExec starts args as an exec process without stdio and returns its pid.
+	startExec(args ...string) (uint32, error)
+	// execsRunning checks that the exec'd processes pids run on.
+	execsRunning(pids []uint32) error
 	// shimPeak is the peak resident memory (bytes) of the shim serving the container, 0 if unknown.
 	shimPeak() uint64
 	// close removes the container, its checkpoints and what they hold on disk.
@@ -228,6 +234,15 @@ func (s *ckliteBox) criu(i int) (criuStats, error) { return s.criuStats(s.cid, i
 
 func (s *ckliteBox) shimPeak() uint64 { return s.daemon.shimPeak(s.cid) }
 
+func (s *ckliteBox) exec(args ...string) error {
+	_, err := s.execIn(s.cid, true, args...)
+	return err
+}
+
+func (s *ckliteBox) startExec(args ...string) (uint32, error) { return s.execIn(s.cid, false, args...) }
+
+func (s *ckliteBox) execsRunning(pids []uint32) error { return processesRunning(pids) }
+
 // diskDirs holds the whole checkpoints directory of the namespace: the workloads checkpoint one
 // cklite container at a time, and a fork writes no image directory.
 func (s *ckliteBox) diskDirs() []string {
@@ -352,6 +367,15 @@ func (s *stockBox) fork(i, n int, prefix string) ([]sandbox, []time.Duration, er
 func (s *stockBox) criu(i int) (criuStats, error) { return s.criuStats(s.cid, i) }
 
 func (s *stockBox) shimPeak() uint64 { return s.daemon.shimPeak(s.cid) }
+
+func (s *stockBox) exec(args ...string) error {
+	_, err := s.execIn(s.cid, true, args...)
+	return err
+}
+
+func (s *stockBox) startExec(args ...string) (uint32, error) { return s.execIn(s.cid, false, args...) }
+
+func (s *stockBox) execsRunning(pids []uint32) error { return processesRunning(pids) }
 
 // closeForks removes forks, all of them whatever fails.
 func closeForks(forks []sandbox) error {

@@ -24,6 +24,7 @@ type series struct {
 type measured struct {
 	checkpoint, downtime, rollback []time.Duration
 	forkEach                       []time.Duration
+	exec, ckptExecs                []time.Duration // the exec workload: short execs, checkpoints with exec'd processes
 	forkTotal                      time.Duration
 	diskBytes                      int64   // growth of the system's disk dirs over the checkpoints
 	diskAfter                      []int64 // the growth after each checkpoint
