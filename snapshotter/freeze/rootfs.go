@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/leases"
@@ -66,17 +68,23 @@ func Rootfs(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm lea
 	if info.Kind != snapshots.KindActive {
 		return key, fmt.Errorf("freeze the rootfs of container %s: %s is a %s snapshot: %w", id, key, info.Kind, errdefs.ErrFailedPrecondition)
 	}
-	upper, err := UpperDir(key, mounts)
-	if err != nil {
-		return key, err
-	}
 	removeReplaced(ctx, sn, key, info.Labels[LabelReplaces])
 	ctx, done, err := leased(ctx, lm)
 	if err != nil {
 		return key, fmt.Errorf("freeze the rootfs of container %s: %w", id, err)
 	}
 	defer done()
-	if err := lendAndCommit(ctx, sn, key, info.Parent, upper, name, labels); err != nil {
+	upper, err := UpperDir(key, mounts)
+	if err == nil {
+		err = lendAndCommit(ctx, sn, key, info.Parent, upper, name, labels)
+	}
+	if errdefs.IsNotImplemented(err) {
+		// Not an overlay, or a snapshotter that does not lend (containerd's overlayfs): the
+		// freeze of old, with its moment without the key.
+		log.G(ctx).WithError(err).WithField("key", key).Warn("the snapshotter cannot lend the upper: freezing it by Commit and Prepare of the key")
+		return key, Freeze(ctx, sn, nil, key, name, labels)
+	}
+	if err != nil {
 		return key, fmt.Errorf("freeze the rootfs of container %s: %w", id, err)
 	}
 	fr := &frozenRootfs{sn: sn, cs: cs, id: id, key: key, name: name, labels: info.Labels}
@@ -90,12 +98,17 @@ func Rootfs(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm lea
 // and 2 of Rootfs).
 func lendAndCommit(ctx context.Context, sn snapshots.Snapshotter, key, parent, upper, name string, labels map[string]string) error {
 	borrower := "cklite/freezing/" + name
-	err := step(ctx, retried(func() error {
-		_, err := sn.Prepare(ctx, borrower, parent, snapshots.WithLabels(map[string]string{LabelUpperOf: upper}))
+	var mounts []mount.Mount
+	err := step(ctx, retried(func() (err error) {
+		mounts, err = sn.Prepare(ctx, borrower, parent, snapshots.WithLabels(map[string]string{LabelUpperOf: upper}))
 		return err
 	}, errdefs.IsAlreadyExists))
 	if err != nil {
 		return fmt.Errorf("lend the upper of %s: %w", key, err)
+	}
+	if !borrows(borrower, mounts, upper) {
+		removeQuietly(ctx, sn, borrower, "the snapshot that did not borrow")
+		return fmt.Errorf("%s did not borrow the upper of %s: %w", borrower, key, errdefs.ErrNotImplemented)
 	}
 	fault.Point(fault.FreezeLent)
 	err = step(ctx, retried(func() error {
@@ -210,6 +223,17 @@ func (fr *frozenRootfs) rename(ctx context.Context) error {
 	fault.Point(fault.FreezeRenamed)
 	removeReplaced(ctx, fr.sn, fr.key, fr.fresh)
 	return nil
+}
+
+// borrows reports whether the snapshot borrower (its mounts) borrowed the upper directory upper:
+// its own upper is a link to it. A snapshotter that does not know LabelUpperOf ignores it.
+func borrows(borrower string, mounts []mount.Mount, upper string) bool {
+	own, err := UpperDir(borrower, mounts)
+	if err != nil {
+		return false
+	}
+	link, err := os.Readlink(own)
+	return err == nil && filepath.Join(filepath.Dir(own), link) == filepath.Clean(upper)
 }
 
 // removeQuietly removes key, logging a failure: what remains is under the caller's lease.
