@@ -103,6 +103,12 @@ func lendAndCommit(ctx context.Context, sn snapshots.Snapshotter, key, parent, u
 		mounts, err = sn.Prepare(ctx, borrower, parent, snapshots.WithLabels(map[string]string{LabelUpperOf: upper}))
 		return err
 	}, errdefs.IsAlreadyExists))
+	if err == nil && mounts == nil { // made by a try whose answer was lost
+		err = step(ctx, func() (err error) {
+			mounts, err = sn.Mounts(ctx, borrower)
+			return err
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("lend the upper of %s: %w", key, err)
 	}
