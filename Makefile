@@ -14,7 +14,7 @@ BIN       := $(CURDIR)/bin
 BUILDTAGS ?= seccomp
 INTEGRATION_TIMEOUT ?= 45m
 
-.PHONY: all deps deps-kube build install demo test test-unit test-integration test-long test-faults test-kube test-forks vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite clean
+.PHONY: all deps deps-kube deps-critest build install demo test test-unit test-integration test-long test-faults test-kube test-forks vet bench bench-full bench-selftest bench-all bench-snapshotter bench-shim bench-checkpoint ctrd-suite critest clean
 
 all: build
 
@@ -26,6 +26,11 @@ deps:
 ## kubectl built from the Go module proxy (cached; the first build takes long, see docs/install.md)
 deps-kube:
 	contrib/install.sh --kube
+
+## deps-critest: deps, plus cri-tools' critest (CRITOOLS_VERSION), the Kubernetes CRI validation
+## suite, built from the Go module proxy at nice 19 (cached; only make critest needs it)
+deps-critest:
+	contrib/install.sh --critest
 
 ## build: cklite's binaries into bin/
 build:
@@ -158,6 +163,13 @@ ctrd-suite: deps build
 	rc=$$?; \
 	if [ -n "$$snap" ]; then kill $$snap; wait $$snap; umount -R $$stack/cklite-root 2>/dev/null; fi; \
 	rm -rf $$stack; exit $$rc
+
+## critest: cri-tools' critest against containerd's CRI with the cklite handler, then with runc, each
+## on a private containerd (integration/critest, images built here and served by a local registry):
+## each handler's passed/failed/skipped counts and the cases that differ (a development tool that
+## asserts nothing; not part of make test). CRITEST_ARGS for more, e.g. -focus 'Mount Readonly'.
+critest: deps-critest build
+	nice -n 10 $(GO) run ./integration/critest $(CRITEST_ARGS)
 
 clean:
 	rm -rf $(BIN)

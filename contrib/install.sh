@@ -3,6 +3,7 @@
 # Go module proxy only (no image registry, no prebuilt downloads):
 #
 #   CRIU >= 4.2          host's criu if it passes `criu check`, else 4.2.1 built from Debian's upstream tarball
+#                        with contrib/criu/*.patch
 #   containerd, ctr, containerd-shim-runc-v2, runc, nerdctl, CNI plugins, registry, crane
 #                        built from the Go module proxy at the versions pinned in versions.env
 #   apt packages         iptables (CRIU's network lock), libseccomp-dev (the shims), debootstrap (test images)
@@ -67,6 +68,7 @@ APT_PACKAGES=(
   # CRIU's build dependencies (only used when the host has no working CRIU >= CRIU_MIN_VERSION)
   libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
   libnl-3-dev libcap-dev libnet1-dev libbsd-dev uuid-dev libnftables-dev libgnutls28-dev libaio-dev
+  patch
 )
 
 apt_packages() {
@@ -124,11 +126,38 @@ fetch_criu_tarball() {
   echo "$CRIU_SHA256  $CRIU_TARBALL" | sha256sum -c --quiet || die "$CRIU_TARBALL: sha256 mismatch, expected $CRIU_SHA256"
 }
 
-# build_criu builds CRIU_VERSION and installs it into the staging tree $CRIU_STAGE (DESTDIR-style, so
-# $CRIU_STAGE$BIN/criu), which stays in the cache: reinstalling the same version skips the build.
+# CRIU_PATCHES are cklite's patches to CRIU, applied in the order of their names (docs/install.md
+# says what each does and where it stands upstream).
+CRIU_PATCHES=("$HERE"/criu/*.patch)
+[ -e "${CRIU_PATCHES[0]}" ] || CRIU_PATCHES=()
+
+# criu_build_key names a build of CRIU: the source, where it installs, and the patches (names and
+# contents), so that a changed patch set rebuilds and reinstalls.
+criu_build_key() {
+  local patches=none
+  if [ ${#CRIU_PATCHES[@]} -gt 0 ]; then
+    patches=$(cd "$HERE/criu" && sha256sum -- "${CRIU_PATCHES[@]##*/}" | sha256sum | cut -d' ' -f1)
+  fi
+  echo "$CRIU_VERSION $CRIU_SHA256 $PREFIX $CRIU_RUNDIR patches:$patches"
+}
+
+# patch_criu SRC applies CRIU_PATCHES to the unpacked source SRC; one that does not apply stops the
+# install.
+patch_criu() {
+  local p
+  for p in "${CRIU_PATCHES[@]}"; do
+    patch -d "$1" -p1 --forward --batch -i "$p" >>"$LOGS/criu.log" 2>&1 ||
+      die "criu: $(basename "$p") does not apply to criu $CRIU_VERSION (see $LOGS/criu.log)"
+  done
+}
+
+# build_criu builds CRIU_VERSION with CRIU_PATCHES and installs it into the staging tree $CRIU_STAGE
+# (DESTDIR-style, so $CRIU_STAGE$BIN/criu), which stays in the cache: reinstalling the same build key
+# skips the build.
 build_criu() {
   CRIU_STAGE=$CACHE/criu/stage-$CRIU_VERSION
-  local key="$CRIU_VERSION $CRIU_SHA256 $PREFIX $CRIU_RUNDIR"
+  local key
+  key=$(criu_build_key)
   if [ "$(cat "$CRIU_STAGE/.built" 2>/dev/null)" = "$key" ] && criu_ok "$CRIU_STAGE$BIN/criu"; then
     CRIU_HOW="from the cached build in $CRIU_STAGE"
     return
@@ -137,6 +166,7 @@ build_criu() {
   fetch_criu_tarball
   rm -rf "$src" "$CRIU_STAGE" && tar -C "$CACHE/criu" -xf "$CRIU_TARBALL"
   [ -d "$src" ] || die "$CRIU_TARBALL did not unpack to $src"
+  patch_criu "$src"
   run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu RUNDIR="$CRIU_RUNDIR"
   run_logged "$LOGS/criu.log" make -C "$src" install-criu DESTDIR="$CRIU_STAGE" PREFIX="$PREFIX" SBINDIR="$BIN" RUNDIR="$CRIU_RUNDIR"
   rm -rf "$src"
@@ -145,7 +175,7 @@ build_criu() {
     die "the CRIU $CRIU_VERSION just built fails 'criu check' on kernel $(uname -r); $BIN/criu is left as it was"
   fi
   echo "$key" >"$CRIU_STAGE/.built"
-  CRIU_HOW="built"
+  CRIU_HOW="built with ${#CRIU_PATCHES[@]} patches"
 }
 
 # kerndat_ok: a criu built here keeps its kerndat cache in CRIU_RUNDIR (one built before that did not);
@@ -154,8 +184,14 @@ kerndat_ok() {
   [ -L "$1" ] || grep -qaF "$CRIU_RUNDIR/criu.kdat" "$1"
 }
 
+# criu_current: $BIN/criu is the host's (linked) or the build of the current key (the stamp the
+# install leaves); a criu built before a patch changed is not.
+criu_current() {
+  [ -L "$1" ] || has_stamp criu "$(criu_build_key)"
+}
+
 install_criu() {
-  if criu_ok "$BIN/criu" && kerndat_ok "$BIN/criu"; then
+  if criu_ok "$BIN/criu" && kerndat_ok "$BIN/criu" && criu_current "$BIN/criu"; then
     say "criu: $(criu_version "$BIN/criu") at $BIN/criu passes criu check (skipped)"
     return
   fi
@@ -169,7 +205,7 @@ install_criu() {
   fi
   [ -z "$host" ] || say "criu: host's $host is older than $CRIU_MIN_VERSION or fails 'criu check'"
   [ ! -e "$BIN/criu" ] || old=$(criu_version "$BIN/criu")
-  [ -z "$old" ] || say "criu: replacing $old at $BIN/criu (older than $CRIU_MIN_VERSION, fails 'criu check', or keeps no kerndat cache in $CRIU_RUNDIR)"
+  [ -z "$old" ] || say "criu: replacing $old at $BIN/criu (older than $CRIU_MIN_VERSION, fails 'criu check', keeps no kerndat cache in $CRIU_RUNDIR, or built from other patches)"
   build_criu
   # The new criu replaces the old one by a rename: a criu that is running keeps its binary.
   cp -a "$CRIU_STAGE$PREFIX/include" "$CRIU_STAGE$PREFIX/libexec" "$PREFIX/"
@@ -177,6 +213,7 @@ install_criu() {
   install -m 0755 "$CRIU_STAGE$BIN/criu" "$BIN/criu.tmp"
   mv -f "$BIN/criu.tmp" "$BIN/criu"
   criu_ok "$BIN/criu" || die "$BIN/criu fails 'criu check' after installing it from $CRIU_STAGE"
+  stamp criu "$(criu_build_key)"
   step_end "criu" "$CRIU_VERSION into $BIN/criu, $CRIU_HOW"
 }
 
@@ -312,6 +349,28 @@ install_etcd() {
   step_end "etcd $ETCD_VERSION" "built into $BIN/etcd"
 }
 
+# critest, cri-tools' CRI validation suite, is a Ginkgo test binary (cri-tools' Makefile builds it
+# with `go test -c sigs.k8s.io/cri-tools/cmd/critest`): built the same way from a module of our own
+# that requires cri-tools at CRITOOLS_VERSION, at nice 19 (only `make critest` uses it, so only
+# --critest builds it). CGO off and the version stamped as cri-tools' own build does.
+install_critest() {
+  if has_stamp critest "$CRITOOLS_VERSION" && [ -x "$BIN/critest" ]; then
+    say "critest $CRITOOLS_VERSION: present (skipped)"; return
+  fi
+  step_begin "critest $CRITOOLS_VERSION: build"
+  local src=$CACHE/src/critest-$CRITOOLS_VERSION gomod
+  gomod=$(cd / && go mod download -json "sigs.k8s.io/cri-tools@$CRITOOLS_VERSION" | awk -F'"' '/"GoMod":/{print $4}')
+  [ -f "$gomod" ] || die "go mod download sigs.k8s.io/cri-tools@$CRITOOLS_VERSION gave no go.mod (see the Go module proxy)"
+  mkdir -p "$src"
+  printf 'module cklite.local/critest\n\ngo %s\n\nrequire sigs.k8s.io/cri-tools %s\n' \
+    "$(awk '$1 == "go" {print $2; exit}' "$gomod")" "$CRITOOLS_VERSION" >"$src/go.mod"
+  run_logged "$LOGS/critest.log" sh -c "cd '$src' && CGO_ENABLED=0 nice -n 19 go test -c -vet=off -mod=mod -trimpath \
+    -ldflags '-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=${CRITOOLS_VERSION#v}' \
+    -o '$BIN/critest.tmp' sigs.k8s.io/cri-tools/cmd/critest && mv -f '$BIN/critest.tmp' '$BIN/critest'"
+  stamp critest "$CRITOOLS_VERSION"
+  step_end "critest $CRITOOLS_VERSION" "built into $BIN/critest"
+}
+
 all_exist() {
   local f
   for f in "$@"; do [ -x "$f" ] || return 1; done
@@ -325,15 +384,22 @@ main() {
   install_criu
   install_go_stack
   [ "$KUBE" = 0 ] || install_kube
+  [ "$CRITEST" = 0 ] || install_critest
   say "done in $(elapsed "$t0"): binaries in $BIN"
 }
 
-usage() { echo "usage: $0 [--kube]   (--kube: also etcd and Kubernetes' kubelet, kube-apiserver, kube-controller-manager, kubectl)" >&2; exit 2; }
+usage() {
+  echo "usage: $0 [--kube] [--critest]" >&2
+  echo "  --kube     also etcd and Kubernetes' kubelet, kube-apiserver, kube-controller-manager, kubectl" >&2
+  echo "  --critest  also cri-tools' critest (make critest)" >&2
+  exit 2
+}
 
-KUBE=0
+KUBE=0 CRITEST=0
 for arg in "$@"; do
   case "$arg" in
     --kube) KUBE=1 ;;
+    --critest) CRITEST=1 ;;
     *) usage ;;
   esac
 done

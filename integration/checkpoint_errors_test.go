@@ -290,13 +290,14 @@ func serveUnix(t *testing.T, path string) <-chan net.Conn {
 }
 
 // TestCheckpointRefusedWhileExecRuns: a process started with exec outside the init's process tree
-// that CRIU dumps (one with a terminal, or any in a container annotated cklite.io/exec-in-tree=false)
+// that CRIU dumps (any in a container annotated cklite.io/exec-in-tree=false, or without a PID
+// namespace of its own)
 // would be lost by a memory checkpoint; it is refused, naming the exec, and leaves the task, the
 // exec'd process and the checkpoint list as they were. Once the exec'd process is gone the
 // checkpoint is taken.
 func TestCheckpointRefusedWhileExecRuns(t *testing.T) {
 	e := newCkEnv(t)
-	// Its execs run outside the init's process tree, as execs with a terminal do.
+	// Its execs run outside the init's process tree (opted out).
 	c := e.newContainer(t, "execs", e.img, counterSpec, oci.WithAnnotations(map[string]string{"cklite.io/exec-in-tree": "false"}))
 	task, err := startTask(e.ctx, c)
 	if err != nil {

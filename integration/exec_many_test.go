@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/oci"
 
@@ -27,6 +29,10 @@ const maxExecGrowth = 6 << 20
 func TestExecsMany(t *testing.T) {
 	n := envInt(t, "CKLITE_EXECS", 300, execWarmUp+1)
 	e := newCkEnv(t)
+	// ckTimeout bounds the short tests; 10 000 execs take 10-30 minutes on a loaded 2-core machine.
+	ctx, cancel := context.WithTimeout(e.d.Context(context.Background()), 2*time.Hour)
+	defer cancel()
+	e.ctx = ctx
 	c := e.newContainer(t, "execs-many", e.img, oci.WithProcessArgs("sleep", "1000000"))
 	task, err := startTask(e.ctx, c)
 	if err != nil {

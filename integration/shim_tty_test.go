@@ -97,13 +97,19 @@ type terminal struct {
 // controlling terminal, the way a shell runs it.
 func startTerminal(t *testing.T, d *harness.Daemon, rows, cols int, args ...string) *terminal {
 	t.Helper()
+	return startOnTerminal(t, d.Command(context.Background(), "nerdctl", args...), rows, cols)
+}
+
+// startOnTerminal starts cmd as startTerminal starts nerdctl.
+func startOnTerminal(t *testing.T, cmd *exec.Cmd, rows, cols int) *terminal {
+	t.Helper()
 	master, slave, err := openPty()
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &terminal{master: master, done: make(chan struct{})}
 	s.resize(t, rows, cols)
-	s.cmd = d.Command(context.Background(), "nerdctl", args...)
+	s.cmd = cmd
 	s.cmd.Stdin, s.cmd.Stdout, s.cmd.Stderr = slave, slave, slave
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	if err := s.cmd.Start(); err != nil {

@@ -12,7 +12,8 @@ import (
 const inheritFdBase = 100
 
 // InheritPipes prepares pipes (by identity, "pipe:[N]") for a restore: CRIU gives each restored
-// fd on such a pipe the file passed here instead of a new pipe whose other end nobody holds.
+// fd on such a pipe the file passed here instead of a new pipe whose other end nobody holds. So
+// it does for an external terminal ("tty[rdev:dev]", exttty.go), whose file is a pty slave.
 // libcontainer passes CRIU only the init's stdio (descriptors.json), so each file is duplicated
 // onto an fd without close-on-exec that CRIU, started by libcontainer, inherits, and named to it
 // by an inherit-fd line of the restore's CRIU configuration (WithCRIUOptions). Until release is

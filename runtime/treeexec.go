@@ -35,6 +35,10 @@ type TreeProcess struct {
 	Start uint64   // start time (/proc/PID/stat): tells a zombie of it from a reuse of its pid
 	PidFD *os.File // for its exit (TreeExitStatus)
 	Stdio []string // identities of its fds 0-2 ("pipe:[N]", ...): what a restore re-supplies
+	// Tty is CRIU's name ("tty[rdev:dev]") of the pty slave on its fds 0-2 when it runs on a
+	// terminal, whose master the shim holds: a dump names it external, a restore gives it a new
+	// slave (ExternalTty).
+	Tty string
 }
 
 // ExecInTree runs p in the container as a child of its init (see above). p's stdio must be set.
@@ -127,6 +131,9 @@ func treeProcessOf(pid int) (*TreeProcess, error) {
 	tp.Stdio = make([]string, 3)
 	for i := range tp.Stdio {
 		tp.Stdio[i], _ = os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, i))
+		if tp.Tty == "" {
+			tp.Tty = ptySlaveName(pid, i)
+		}
 	}
 	return tp, nil
 }

@@ -154,13 +154,18 @@ func layerCheckpoint(ctx context.Context, sn snapshots.Snapshotter, layer string
 }
 
 // clearDump empties an image directory of a dump the checkpoint does not keep (the switch rule
-// dumps again); the directory was empty before it (checkImageDir, or the daemon's own).
+// dumps again); the directory was empty before it (checkImageDir, or the daemon's own). The
+// record of the execs' stdio stays: the next dump was prepared with it (captureExecs), under the
+// same lifecycle lock, so no exec has started since.
 func clearDump(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("clear the image directory %s: %w", dir, err)
 	}
 	for _, e := range entries {
+		if e.Name() == execStdioFile {
+			continue
+		}
 		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 			return fmt.Errorf("clear the image directory %s: %w", dir, err)
 		}

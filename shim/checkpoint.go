@@ -141,14 +141,16 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 			c.id, checkpoint.ContentsKey, checkpoint.MemoryOnly, errdefs.ErrFailedPrecondition)
 	}
 	if contents.HasMemory() {
-		if err := c.captureExecs(ck.path); err != nil {
+		execOpts, err := c.captureExecs(ck.path)
+		if err != nil {
 			return err
 		}
 		meta.Dump.ExternalNetNS = c.engine().HasNetNS()
 		if meta.Dump.NetworkLock, err = networkLock(c.init.getPid(), meta.Dump.ExternalNetNS); err != nil {
 			return err
 		}
-		if err := c.engine().PrepareDump(ck.work, dumpCRIUOptions(meta.Dump)...); err != nil {
+		opts := append(dumpCRIUOptions(meta.Dump), execOpts...)
+		if err := c.engine().PrepareDump(ck.work, opts...); err != nil {
 			return err
 		}
 	}

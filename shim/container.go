@@ -42,8 +42,9 @@ type container struct {
 	spec       *specs.Spec
 	cfgOpts    runtime.ConfigOptions
 	stateRoot  string
-	sharedPid  bool      // no private PID namespace: init's exit does not take the others along
-	reaping    reapCheck // whether its PID 1 reaps the execs of its tree (reapcheck.go)
+	sharedPid  bool        // no private PID namespace: init's exit does not take the others along
+	reaping    reapCheck   // whether its PID 1 reaps the execs of its tree (reapcheck.go)
+	standIns   ttyStandIns // the terminals of its restored processes that have no exec id (exectty.go)
 	cgroup     *runtime.Cgroup
 	// cgroupOf loads a process's cgroup: runtime.LoadCgroup, a fake in unit tests.
 	cgroupOf func(pid int) (*runtime.Cgroup, error)
@@ -253,16 +254,7 @@ func (s *service) launch(ctx context.Context, c *container, p *process, lp *libc
 			return err
 		}
 	}
-	// A nil *os.File in an io.Reader/io.Writer would not read as "no stream" to exec.Cmd.
-	if pio.childIn != nil {
-		lp.Stdin = pio.childIn
-	}
-	if pio.childOut != nil {
-		lp.Stdout = pio.childOut
-	}
-	if pio.childErr != nil {
-		lp.Stderr = pio.childErr
-	}
+	pio.wire(lp)
 	var cs *consoleSocket
 	if p.stdio.Terminal || restoring {
 		if cs, err = newConsoleSocket(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
+	"github.com/opencontainers/runc/libcontainer"
 )
 
 // stdio is what containerd asked for a process: FIFO paths or, for stdout, a log URI.
@@ -217,6 +218,21 @@ func (p *processIO) nullPipes(ctx context.Context, uid, gid int) error {
 		}
 	}
 	return nil
+}
+
+// wire gives lp the process's ends of its stdio; a stream it has none for (a terminal's) is left
+// to libcontainer. A nil *os.File in an io.Reader/io.Writer would not read as "no stream" to
+// exec.Cmd.
+func (p *processIO) wire(lp *libcontainer.Process) {
+	if p.childIn != nil {
+		lp.Stdin = p.childIn
+	}
+	if p.childOut != nil {
+		lp.Stdout = p.childOut
+	}
+	if p.childErr != nil {
+		lp.Stderr = p.childErr
+	}
 }
 
 // discard is the sink of an output nobody reads.

@@ -78,7 +78,7 @@ func (p *process) transitionLocked(op string, to status) (status, error) {
 		return from, nil // a rollback restores from its start
 	}
 	if !canGo(from, to) {
-		return from, fmt.Errorf("cannot %s a %s process: %w", op, from, errdefs.ErrFailedPrecondition)
+		return from, refusal(op, from)
 	}
 	p.state = to
 	return from, nil
@@ -90,9 +90,19 @@ func (p *process) transitionLocked(op string, to status) (status, error) {
 // only an exit can, and then the engine's own error says so.
 func (p *process) expect(op string, ok ...status) error {
 	if st := p.status(); !slices.Contains(ok, st) {
-		return fmt.Errorf("cannot %s a %s process: %w", op, st, errdefs.ErrFailedPrecondition)
+		return refusal(op, st)
 	}
 	return nil
+}
+
+// refusal is the error of op refused to a process in state st: FailedPrecondition, or NotFound
+// for a deleted process, which is gone (as runc's shim answers), so that a second Delete (CRI and
+// a client racing to remove the same task) counts as done.
+func refusal(op string, st status) error {
+	if st == statusDeleted {
+		return fmt.Errorf("cannot %s a %s process: %w", op, st, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("cannot %s a %s process: %w", op, st, errdefs.ErrFailedPrecondition)
 }
 
 // settle ends a checkpoint or rollback that left the process in state mid (neither an exit nor

@@ -37,6 +37,7 @@ func TestTransitions(t *testing.T) {
 		{statusStopped, statusPaused, false}, // a Pause never overwrites an exit
 		{statusStopped, statusDeleted, true},
 		{statusDeleted, statusStopped, false},
+		{statusDeleted, statusDeleted, false}, // a second Delete
 	} {
 		p := newProcess("p", true, stdio{})
 		p.state = tc.from
@@ -44,8 +45,10 @@ func TestTransitions(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("%s → %s: %v, want allowed %v", tc.from, tc.to, err, tc.ok)
 		}
-		if err != nil && !errdefs.IsFailedPrecondition(err) {
-			t.Errorf("%s → %s: %v, want FailedPrecondition", tc.from, tc.to, err)
+		// A deleted process is gone (NotFound, as runc's shim says); any other refusal is
+		// FailedPrecondition.
+		if wantErr := map[bool]func(error) bool{true: errdefs.IsNotFound, false: errdefs.IsFailedPrecondition}[tc.from == statusDeleted]; err != nil && !wantErr(err) {
+			t.Errorf("%s → %s: %v, want NotFound for a deleted process, else FailedPrecondition", tc.from, tc.to, err)
 		}
 		if want := map[bool]status{true: tc.to, false: tc.from}[tc.ok]; p.status() != want {
 			t.Errorf("%s → %s: process %s, want %s", tc.from, tc.to, p.status(), want)

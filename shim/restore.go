@@ -74,7 +74,7 @@ func (c *container) restoreConfig(cfg *configs.Config) error {
 	if c.checkpoint == "" {
 		return nil
 	}
-	execs, err := nullExecStdio(c.checkpoint)
+	execs, err := nullExecStdio(c.checkpoint, &c.standIns)
 	if err != nil {
 		return err
 	}

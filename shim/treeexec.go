@@ -17,27 +17,30 @@ import (
 	"github.com/cklite/cklite/runtime"
 )
 
-// Execs in the container's process tree (runtime/treeexec.go): every exec without a terminal is
-// started through an intermediate that leaves it a child of the container's PID 1, so that a
-// checkpoint dumps it with the init and a restore brings it back. Its exit is read through a
-// pidfd (watchTree). Its stdio pipes to the shim are held across an in-place checkpoint and
-// handed back to CRIU for the restore (treeHold), like the init's: output goes on flowing to
-// the same client, and the process keeps its exec id and its pid in the container.
+// Execs in the container's process tree (runtime/treeexec.go): every exec is started through an
+// intermediate that leaves it a child of the container's PID 1, so that a checkpoint dumps it
+// with the init and a restore brings it back. Its exit is read through a pidfd (watchTree). Its
+// stdio pipes to the shim are held across an in-place checkpoint and handed back to CRIU for the
+// restore (treeHold), like the init's: output goes on flowing to the same client, and the process
+// keeps its exec id and its pid in the container. An exec with a terminal is the leader of a
+// session of its own on its pty, whose master stays in the shim: the dump names the pty external
+// and the restore gets a new one, onto which the console moves (exectty.go).
 //
-// Execs with a terminal still run as the shim's children; a checkpoint is refused while one runs
-// (captureExecs). So do the execs of a container without a PID namespace of its own (a pod's
-// shared one, the host's): an orphan there goes to the pod's or the host's reaper, never to the
-// container's init. An annotation opts a container out: its execs all run as the shim's children.
-// So does a container whose PID 1 turns out not to reap them (reapcheck.go), from then on.
+// The execs of a container without a PID namespace of its own (a pod's shared one, the host's)
+// run as the shim's children, and a checkpoint is refused while one runs (captureExecs): an
+// orphan there goes to the pod's or the host's reaper, never to the container's init. An
+// annotation opts a container out: its execs all run as the shim's children. So does a container
+// whose PID 1 turns out not to reap them (reapcheck.go), from then on.
 const execTreeAnnotation = "cklite.io/exec-in-tree"
 
 // execsInTree reports whether p starts in the container's process tree.
 func (c *container) execsInTree(p *process) bool {
-	return !p.stdio.Terminal && !c.sharedPid && c.spec.Annotations[execTreeAnnotation] != "false" && c.pid1Reaps()
+	return !c.sharedPid && c.spec.Annotations[execTreeAnnotation] != "false" && c.pid1Reaps()
 }
 
 // launchInTree starts an exec in the container's process tree with its stdio (never the
-// shim's /dev/null: a restored process must get back a pipe, see nullPipes).
+// shim's /dev/null: a restored process must get back a pipe, see nullPipes), or on a new pty of
+// the container whose master the shim receives as for any process with a terminal.
 func (s *service) launchInTree(ctx context.Context, c *container, p *process, lp *libcontainer.Process) error {
 	uid, gid := int(c.opts.IoUid), int(c.opts.IoGid)
 	pio, err := newProcessIO(ctx, c.id, p.stdio, uid, gid, s.reaper)
@@ -48,7 +51,16 @@ func (s *service) launchInTree(ctx context.Context, c *container, p *process, lp
 		pio.Close()
 		return err
 	}
-	lp.Stdin, lp.Stdout, lp.Stderr = pio.childIn, pio.childOut, pio.childErr
+	pio.wire(lp)
+	var cs *consoleSocket
+	if p.stdio.Terminal {
+		if cs, err = newConsoleSocket(); err != nil {
+			pio.Close()
+			return err
+		}
+		defer cs.Close()
+		lp.ConsoleSocket = cs.child
+	}
 	tp, err := c.engine().ExecInTree(lp)
 	if err != nil {
 		pio.Close()
@@ -56,6 +68,18 @@ func (s *service) launchInTree(ctx context.Context, c *container, p *process, lp
 	}
 	pio.started()
 	p.setIO(pio)
+	if cs != nil {
+		if err := s.takeConsole(ctx, p, pio, cs, false); err != nil {
+			// Nobody would see its terminal: it goes, as a process whose stdio failed does.
+			_ = signalTree(tp, unix.SIGKILL)
+			tp.PidFD.Close()
+			p.mu.Lock()
+			p.io = nil
+			p.mu.Unlock()
+			pio.Close()
+			return err
+		}
+	}
 	p.setTree(tp)
 	return p.started(nil, tp.Pid, statusRunning)
 }
@@ -108,18 +132,24 @@ func signalTree(tp *runtime.TreeProcess, sig unix.Signal) error {
 }
 
 // captureExecs refuses a dump while processes started with exec run outside the init's process
-// tree (with a terminal, or in a container that opted out): CRIU would leave them out and, with
-// the init's PID namespace gone, kill them. Execs in the tree are dumped with the init.
-func (c *container) captureExecs(dir string) error {
+// tree (in a PID namespace not the container's own, or in a container that opted out): CRIU
+// would leave them out and, with the init's PID namespace gone, kill them. Execs in the tree are
+// dumped with the init; their stdio is recorded into dir (writeExecStdio), and the dump options
+// that make their terminals external are returned.
+func (c *container) captureExecs(dir string) ([]string, error) {
 	if ids := c.execsOutsideTree(); len(ids) > 0 {
-		why := fmt.Sprintf("with a terminal, in a PID namespace not the container's own, or %s=false", execTreeAnnotation)
+		why := fmt.Sprintf("in a PID namespace not the container's own, or %s=false", execTreeAnnotation)
 		if c.reaping.gaveUp() {
 			why = "the container's PID 1 does not reap exited execs (they stayed zombies), so its execs run as the shim's children: run it with an init that reaps (nerdctl run --init, tini) or a shell as PID 1, see docs/checkpoints.md; or " + why
 		}
-		return fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: %s): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
+		return nil, fmt.Errorf("container %s has %d process(es) started with exec outside its process tree still running (%s: %s): CRIU dumps only the init's process tree; wait for them or kill them first: %w",
 			c.id, len(ids), strings.Join(ids, ", "), why, errdefs.ErrFailedPrecondition)
 	}
-	return writeExecStdio(c, dir)
+	recorded, err := writeExecStdio(c, dir)
+	if err != nil {
+		return nil, err
+	}
+	return execTtyOptions(recorded), nil
 }
 
 // execsOutsideTree are the ids of c's running execs that are the shim's children.
@@ -147,14 +177,17 @@ type treeHold struct {
 }
 
 type heldExec struct {
-	p  *process
-	tp *runtime.TreeProcess
+	p   *process
+	tp  *runtime.TreeProcess
+	tty *ttyHandover // its terminal, if it runs on one
 }
 
-// holdTreeExecs prepares the running execs of c's tree for a dump; pids are the container's.
-func holdTreeExecs(c *container, pids []int) (*treeHold, error) {
+// holdTreeExecs prepares the running execs of c's tree for a dump; pids are the container's,
+// recorded what captureExecs recorded of their stdio.
+func holdTreeExecs(c *container, pids []int, recorded []execPipe) (*treeHold, error) {
 	h := &treeHold{release: func() {}}
 	pipes := map[string]*os.File{}
+	var err error
 	for _, p := range c.treeExecs() {
 		he := &heldExec{p: p, tp: p.treeProcess()}
 		h.execs = append(h.execs, he)
@@ -162,8 +195,28 @@ func holdTreeExecs(c *container, pids []int) (*treeHold, error) {
 			h.Close()
 			return nil, err
 		}
+		if he.tty, err = holdTty(p, &c.standIns); err != nil {
+			h.Close()
+			return nil, err
+		}
+		if he.tty != nil {
+			pipes[he.tp.Tty] = he.tty.slave
+		}
 	}
-	var err error
+	// A terminal the dump names external whose exec has exited since (a background job of its
+	// shell holds it still) gets a stand-in.
+	for _, r := range recorded {
+		if r.Tty != "" && r.Of == "" && pipes[r.Tty] == nil {
+			f, err := nullTty(&c.standIns)
+			if err != nil {
+				h.Close()
+				return nil, err
+			}
+			pipes[r.Tty] = f
+			h.files = append(h.files, f)
+		}
+	}
+	aliasTtys(recorded, pipes)
 	if h.options, h.release, err = runtime.InheritPipes(pipes); err != nil {
 		h.Close()
 		return nil, err
@@ -201,8 +254,9 @@ func (h *treeHold) reattach(ctx context.Context, s *service, c *container, pids 
 			log.G(ctx).WithError(err).WithField("exec", he.p.id).Warn("exec'd process not restored")
 			continue
 		}
-		tp.Stdio = he.tp.Stdio
+		tp.Stdio, tp.Tty = he.tp.Stdio, he.tty.name() // its terminal is the new pty's
 		he.p.setTree(tp)
+		he.tty.complete(ctx)
 		go s.watchTree(c, he.p)
 	}
 }
@@ -225,7 +279,7 @@ func (h *treeHold) settle(s *service, c *container) {
 	}
 }
 
-// Close releases the held pipes and CRIU's copies of them.
+// Close releases the held pipes and terminals and CRIU's copies of them.
 func (h *treeHold) Close() {
 	if h == nil {
 		return
@@ -233,6 +287,9 @@ func (h *treeHold) Close() {
 	h.release()
 	for _, f := range h.files {
 		f.Close()
+	}
+	for _, he := range h.execs {
+		he.tty.Close()
 	}
 }
 
@@ -254,8 +311,12 @@ func (c *container) treeExecs() []*process {
 // published) and brings back the checkpoint's, as processes with no exec id, on stand-in stdio.
 func (ip *inPlace) holdExecs() (*treeHold, error) {
 	if ip.what != "checkpoint" {
-		return nullExecStdio(ip.restore.ImagePath)
+		return nullExecStdio(ip.restore.ImagePath, &ip.c.standIns)
+	}
+	recorded, err := readExecStdio(ip.restore.ImagePath)
+	if err != nil {
+		return nil, err
 	}
 	pids, _ := ip.c.engine().Pids()
-	return holdTreeExecs(ip.c, pids)
+	return holdTreeExecs(ip.c, pids, recorded)
 }

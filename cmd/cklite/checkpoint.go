@@ -57,8 +57,28 @@ func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string)
 			}
 			return printJSON(cli.stdout, views)
 		}
-		return lsView{tree: tree, describe: newViewer(ctx, cl, cli).view, now: time.Now()}.write(cli.stdout)
+		now := time.Now()
+		if err := (lsView{tree: tree, describe: newViewer(ctx, cl, cli).view, now: now}).write(cli.stdout); err != nil {
+			return err
+		}
+		return listPods(ctx, cli, cl, filter, now)
 	}
+}
+
+// listPods draws the pod checkpoints under the tree, for an unfiltered ls of CRI's namespace,
+// where their members are.
+func listPods(ctx context.Context, cli *cli, cl *ckclient.Client, filter ckclient.Filter, now time.Time) error {
+	if cl.Namespace() != ckclient.CRINamespace || filter.Container != "" || len(filter.Labels) > 0 {
+		return nil
+	}
+	pods, err := cl.PodCheckpoints(ctx)
+	if err != nil {
+		return err
+	}
+	if len(pods) > 0 {
+		fmt.Fprintln(cli.stdout)
+	}
+	return writePodTable(cli.stdout, pods, now)
 }
 
 // oldestFirst sorts records by creation (the tree's lines are by parent first); the id breaks

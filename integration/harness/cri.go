@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -95,9 +96,22 @@ func (c *CRI) ImportImage(ctx context.Context, img localimage.Image) error {
 // the daemon's directory, no masquerading or firewall rules to undo. It waits until CRI reports its
 // network ready. The bridge device outlives the pods (CNI leaves it): the returned func deletes it.
 func (c *CRI) UseBridge(ctx context.Context, bridge, subnet string) (func() error, error) {
+	return c.useBridge(ctx, bridge, subnet, "")
+}
+
+// UseBridgeWithPorts is UseBridge with CNI's portmap plugin after the bridge, for pods that map
+// host ports (critest's port mapping cases): it adds host iptables rules for a pod's ports, which
+// it removes when CRI stops the pod.
+func (c *CRI) UseBridgeWithPorts(ctx context.Context, bridge, subnet string) (func() error, error) {
+	return c.useBridge(ctx, bridge, subnet, `, {"type": "portmap", "capabilities": {"portMappings": true}}`)
+}
+
+// useBridge is UseBridge with more plugins (JSON objects, each after a comma) chained after the
+// bridge.
+func (c *CRI) useBridge(ctx context.Context, bridge, subnet, more string) (func() error, error) {
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": %q, "plugins": [{"type": "bridge", "bridge": %q, "isGateway": true,
-  "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}]}`,
-		bridge, bridge, subnet, filepath.Join(c.d.Dir, "cni", "ipam"))
+  "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}%s]}`,
+		bridge, bridge, subnet, filepath.Join(c.d.Dir, "cni", "ipam"), more)
 	// CRI loads the first network of its conf_dir by name, where nerdctl keeps its networks too.
 	path := filepath.Join(c.d.Dir, "cni", "net.d", "10-"+bridge+".conflist")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
@@ -250,4 +264,19 @@ func (c *CRI) RemovePod(ctx context.Context, pod *Pod) error {
 		return fmt.Errorf("removing pod %s: %w", pod.Config.GetMetadata().GetName(), err)
 	}
 	return nil
+}
+
+// RemovePods stops and removes every pod the CRI plugin has, as RemovePod does: a client that
+// creates pods of its own (critest) may leave some behind, whose CNI addresses and host port rules
+// only stopping them through CRI releases.
+func (c *CRI) RemovePods(ctx context.Context) error {
+	pods, err := c.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return fmt.Errorf("listing pods: %w", err)
+	}
+	var errs []error
+	for _, p := range pods.GetItems() {
+		errs = append(errs, c.RemovePod(ctx, &Pod{ID: p.GetId(), Config: &runtimeapi.PodSandboxConfig{Metadata: p.GetMetadata()}}))
+	}
+	return errors.Join(errs...)
 }

@@ -273,7 +273,7 @@ evictionHard: {memory.available: "50Mi", nodefs.available: "1%%", imagefs.availa
 	return k.runKubelet(ctx)
 }
 
-// runKubelet starts the kubelet and waits until its node is Ready.
+// runKubelet starts the kubelet and waits until its node is Ready and it knows the node's pods.
 func (k *Kube) runKubelet(ctx context.Context) error {
 	var err error
 	k.kubelet, err = startProc("kubelet", filepath.Join(k.Dir, "kubelet.log"), k.d.env(), k.bin("kubelet"), k.kubeletCmd...)
@@ -284,6 +284,9 @@ func (k *Kube) runKubelet(ctx context.Context) error {
 		out, err := k.Kubectl(ctx, "get", "node", KubeNode, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		if err == nil && out != "True" {
 			err = fmt.Errorf("node %s is not Ready (%q)", KubeNode, out)
+		}
+		if err == nil {
+			err = k.kubeletKnowsPods(ctx)
 		}
 		return err
 	})
@@ -352,29 +355,9 @@ func (k *Kube) WaitPod(ctx context.Context, namespace, name, phase string, timeo
 // Checkpoint calls the kubelet's checkpoint API for a container of a pod, as the apiserver's
 // client of the kubelet, and returns the path of the archive the kubelet wrote.
 func (k *Kube) Checkpoint(ctx context.Context, namespace, pod, container string) (string, error) {
-	cert, err := tls.LoadX509KeyPair(k.pki.path("apiserver-kubelet-client.crt"), k.pki.path("apiserver-kubelet-client.key"))
-	if err != nil {
-		return "", err
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(k.pki.caCert)
-	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots}}}
-	url := fmt.Sprintf("https://%s/checkpoint/%s/%s/%s?timeout=120", k.KubeletAddr, namespace, pod, container)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := c.Do(req)
+	body, err := k.kubeletCall(ctx, http.MethodPost, fmt.Sprintf("/checkpoint/%s/%s/%s?timeout=120", namespace, pod, container))
 	if err != nil {
 		return "", fmt.Errorf("kubelet checkpoint API: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("kubelet checkpoint API: POST %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
 	}
 	var items struct {
 		Items []string `json:"items"`
@@ -383,6 +366,70 @@ func (k *Kube) Checkpoint(ctx context.Context, namespace, pod, container string)
 		return "", fmt.Errorf("kubelet checkpoint API: unexpected answer %q (%v)", body, err)
 	}
 	return items.Items[0], nil
+}
+
+// kubeletCall makes a request of the kubelet's HTTPS API as the apiserver does (its kubelet
+// client certificate) and returns the body of a 200 answer.
+func (k *Kube) kubeletCall(ctx context.Context, method, path string) ([]byte, error) {
+	cert, err := tls.LoadX509KeyPair(k.pki.path("apiserver-kubelet-client.crt"), k.pki.path("apiserver-kubelet-client.key"))
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(k.pki.caCert)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots}}}
+	url := "https://" + k.KubeletAddr + path
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s %s: %s: %s", method, url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return body, nil
+}
+
+// kubeletKnowsPods fails unless the kubelet's own list of pods (its /pods) holds every pod the
+// apiserver has bound to the node: a kubelet that just started reports its node Ready before it
+// has read its pods from the apiserver, and until then it answers exec, logs and checkpoint
+// requests for them with "pod does not exist".
+func (k *Kube) kubeletKnowsPods(ctx context.Context) error {
+	bound, err := k.Kubectl(ctx, "get", "pods", "-A", "--field-selector", "spec.nodeName="+KubeNode,
+		"-o", `jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name} {end}`)
+	if err != nil {
+		return err
+	}
+	body, err := k.kubeletCall(ctx, http.MethodGet, "/pods")
+	if err != nil {
+		return err
+	}
+	var list struct {
+		Items []struct {
+			Metadata struct{ Namespace, Name string } `json:"metadata"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		return fmt.Errorf("kubelet /pods: %w", err)
+	}
+	known := map[string]bool{}
+	for _, p := range list.Items {
+		known[p.Metadata.Namespace+"/"+p.Metadata.Name] = true
+	}
+	for _, p := range strings.Fields(bound) {
+		if !known[p] {
+			return fmt.Errorf("the kubelet does not know pod %s yet", p)
+		}
+	}
+	return nil
 }
 
 // LogTail is the end of component's log (etcd, kube-apiserver, kube-controller-manager, kubelet).

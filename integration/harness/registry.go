@@ -108,6 +108,23 @@ func (r *Registry) WriteHostsDir(hostsDir string) error {
 `, r.Addr)), 0o644)
 }
 
+// WriteMirror writes the containerd hosts.toml under hostsDir that makes this registry a pull
+// mirror of upstream (a registry host such as registry.k8s.io): images named upstream/repo:tag are
+// pulled from this registry's repo:tag, over plain HTTP, and from upstream only when it has
+// none.
+func (r *Registry) WriteMirror(hostsDir, upstream string) error {
+	dir := filepath.Join(hostsDir, upstream)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(fmt.Sprintf(`server = "https://%s"
+
+[host."http://%s"]
+  capabilities = ["pull", "resolve"]
+  skip_verify = true
+`, upstream, r.Addr)), 0o644)
+}
+
 // Close stops the registry and removes its storage.
 func (r *Registry) Close() error {
 	return errors.Join(r.proc.stop(5*time.Second), os.RemoveAll(r.dir))

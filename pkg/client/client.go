@@ -3,9 +3,10 @@
 // checkpoints, export one as an OCI image and import it elsewhere. The cklite CLI is built on it,
 // so a program gets what the CLI does, with the same rules and the same errors.
 //
-// A Client wraps a containerd client and one namespace. Containers and checkpoints are named as
-// on the command line: a container by id, nerdctl name or unique id prefix (ResolveContainer), a
-// checkpoint by id, name, unique id prefix or KEY=VALUE label (checkpoint.Tree.Lookup). Every
+// A Client wraps a containerd client and one namespace (the pod calls, pod.go, work on CRI's pods
+// in k8s.io whatever it is). Containers and checkpoints are named as on the command line: a
+// container by id, nerdctl name or unique id prefix (ResolveContainer), a checkpoint by id,
+// name, unique id prefix or KEY=VALUE label (checkpoint.Tree.Lookup). Every
 // call takes a context; errors wrap containerd's errdefs (errdefs.IsNotFound for an unknown
 // name, IsInvalidArgument for an ambiguous one, IsNotImplemented for a container of another
 // runtime, IsFailedPrecondition for a refusal that --force-like options lift), so a caller can
@@ -14,7 +15,9 @@
 // Nothing here talks to the shim or the snapshotter directly: a checkpoint is the task API's
 // Checkpoint with containerd's runc options (an image directory the shim writes), a rollback is
 // a task Update carrying checkpoint.RollbackKey, and the record of a checkpoint is its lease
-// (pkg/checkpoint). docs/client.md has a runnable example.
+// (pkg/checkpoint). A pod checkpoint is those calls on every container of a pod, frozen first with
+// the task API's Pause, plus CRI's API for the pod's configuration and for a fork's new sandbox
+// (pkg/podckpt). docs/client.md has a runnable example.
 package client
 
 import (

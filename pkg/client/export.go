@@ -36,7 +36,10 @@ type ExportOptions struct {
 	Compression string
 	// Base is the image the checkpointed container ran (default: the container's, or the CRI
 	// archive's).
-	Base     string
+	Base string
+	// Spec is the checkpointed container's runtime spec, for a checkpoint whose container is
+	// gone (default: the container's, or the CRI archive's): the image records its bind mounts.
+	Spec     *specs.Spec
 	Progress io.Writer // where to say what is being done (nil: nowhere)
 }
 
@@ -86,7 +89,7 @@ func (c *Client) Export(ctx context.Context, arg string, opts ExportOptions) (_ 
 		return Exported{}, err
 	}
 	defer done(context.WithoutCancel(ctx)) //nolint:errcheck
-	e := &exporter{c: c, progress: pw, base: opts.Base, mediaType: mediaType}
+	e := &exporter{c: c, progress: pw, base: opts.Base, spec: opts.Spec, mediaType: mediaType}
 	src, err := e.source(ctx, arg)
 	if err != nil {
 		return Exported{}, err
@@ -144,8 +147,9 @@ type Exported struct {
 type exporter struct {
 	c         *Client
 	progress  io.Writer
-	base      string // --base
-	mediaType string // of the delta layers
+	base      string      // --base
+	spec      *specs.Spec // ExportOptions.Spec
+	mediaType string      // of the delta layers
 }
 
 // source is a checkpoint to export: its CRIU image directory and, for a CRI archive, the
@@ -285,8 +289,7 @@ func (e *exporter) record(ctx context.Context, img images.Image) error {
 // origin returns the image the checkpointed container was made from (--base, the container's,
 // or the archive's) and its spec, when known (the container's, or the archive's spec.dump).
 func (e *exporter) origin(ctx context.Context, src source) (images.Image, *specs.Spec, error) {
-	name := e.base
-	var spec *specs.Spec
+	name, spec := e.base, e.spec
 	if src.archive != nil {
 		spec = src.archive.Spec
 		if name == "" {

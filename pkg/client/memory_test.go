@@ -10,16 +10,19 @@ import (
 )
 
 // TestMemoryStored counts an image directory's own CRIU files: not cklite's, not the parent's
-// through the parent link.
+// through the parent link, not those that are hard links to the parent's.
 func TestMemoryStored(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		files map[string]int
 		link  bool
-		want  int64
+		// shared are files made hard links to the parent's file of that name.
+		shared []string
+		want   int64
 	}{
-		{"full dump", map[string]int{"pages-1.img": 8192, "pagemap-1.img": 100, checkpoint.MetaFile: 700}, false, 8292},
-		{"deduplicated", map[string]int{"pages-2.img": 4096, "pagemap-1.img": 120, checkpoint.MetaFile: 700, pagechain.ReportFile: 300}, true, 4216},
+		{"full dump", map[string]int{"pages-1.img": 8192, "pagemap-1.img": 100, checkpoint.MetaFile: 700}, false, nil, 8292},
+		{"deduplicated", map[string]int{"pages-2.img": 4096, "pagemap-1.img": 120, checkpoint.MetaFile: 700, pagechain.ReportFile: 300}, true, nil, 4216},
+		{"files shared", map[string]int{"pages-2.img": 4096, "pagemap-1.img": 120, checkpoint.MetaFile: 700}, true, []string{"utsns-12.img"}, 4216},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
@@ -39,6 +42,14 @@ func TestMemoryStored(t *testing.T) {
 			}
 			for name, n := range tc.files {
 				if err := os.WriteFile(filepath.Join(dir, name), make([]byte, n), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, name := range tc.shared {
+				if err := os.WriteFile(filepath.Join(parent, name), make([]byte, 24), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Link(filepath.Join(parent, name), filepath.Join(dir, name)); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -66,6 +66,9 @@ func (c *Client) Prune(ctx context.Context, opts PruneOptions) ([]Pruned, int, e
 		return nil, 0, err
 	}
 	used := tree.descended()
+	if err := c.podMembers(ctx, used); err != nil {
+		return nil, 0, err
+	}
 	var del []leases.DeleteOpt
 	if opts.GC {
 		del = append(del, leases.SynchronousDelete)
@@ -157,6 +160,24 @@ func (t *Tree) descended() map[string]bool {
 		}
 	}
 	return used
+}
+
+// podMembers adds to used the members of the pod checkpoints of CRI's namespace: a pod checkpoint
+// holds them until `cklite pod rm`, after its pod and containers are gone too (a fork needs them).
+func (c *Client) podMembers(ctx context.Context, used map[string]bool) error {
+	if c.namespace != CRINamespace {
+		return nil
+	}
+	pods, err := c.PodCheckpoints(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range pods {
+		for _, id := range p.Checkpoints() {
+			used[id] = true
+		}
+	}
+	return nil
 }
 
 // orphaned says whether r is orphaned: its container is gone and no container descends from it.

@@ -23,6 +23,14 @@ type Result struct {
 	// BytesBefore and BytesAfter are the sizes of the directory's pages files.
 	BytesBefore int64 `json:"bytesBefore"`
 	BytesAfter  int64 `json:"bytesAfter"`
+	Shared
+}
+
+// Shared is what Dedup did besides the pages: the directory's files made hard links to the
+// parent's equal ones (share.go), and their bytes.
+type Shared struct {
+	SharedFiles int   `json:"sharedFiles,omitempty"`
+	SharedBytes int64 `json:"sharedBytes,omitempty"`
 }
 
 // ErrChainTooLong is returned by Dedup when the parent's chain is at its longest already: the
@@ -31,7 +39,8 @@ var ErrChainTooLong = errors.New("parent chain at its longest")
 
 // Dedup rewrites the image directory dir, a complete CRIU dump, so that every page equal to the
 // page its parent image directory parent holds at the same address, for the same process, is read
-// from there, and makes dir's parent link. Processes the parent has no pagemap for stay whole. A
+// from there, and makes dir's parent link. Processes the parent has no pagemap for stay whole.
+// Then every other file of dir equal to one of parent's becomes a hard link to it (share). A
 // directory that has another parent already is left alone.
 func Dedup(dir, parent string) (Result, error) {
 	var err error
@@ -66,9 +75,14 @@ func Dedup(dir, parent string) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return rewriteDir(dir, append([]string{dir}, pl.Dirs...), dedup, func() error {
+	res, err := rewriteDir(dir, append([]string{dir}, pl.Dirs...), dedup, func() error {
 		return replaceLink(dir, rel)
 	}, nil)
+	if err != nil {
+		return res, err
+	}
+	res.Shared, err = share(dir, parent)
+	return res, err
 }
 
 // Detach makes the image directory dir independent of its parent P, so that P can be removed: the

@@ -8,6 +8,7 @@
 // (shim.toml's state_dir):
 //
 //	STATE_DIR/containerd/UUID/checkpoints/NAMESPACE/CONTAINER-TIME  `cklite checkpoint create`'s image directories
+//	STATE_DIR/containerd/UUID/checkpoints/k8s.io/pod-ID             a pod checkpoint (pkg/podckpt); pod-forks/UID: a fork's volumes
 //	STATE_DIR/containerd/UUID/images/DIGEST                         CRIU images extracted from checkpoint images
 //
 // UUID is containerd's own identity, what its introspection service's Server call returns: a

@@ -177,14 +177,22 @@ func (w *writer) meta(rel, opaque string) error {
 	return nil
 }
 
-// copyXattrs copies src's extended attributes but the opaque mark to dst.
+// upperOnlyXattrs are overlayfs's own attributes that it reads on an upper directory only: the
+// lower entry an entry was copied up from (origin, for constant inode numbers) and the mark of a
+// directory holding copied-up entries (impure, for readdir's inode numbers). A capture is only
+// ever a lower layer, where they mean nothing, and a directory carrying both takes a 4 KiB
+// block for them outside its inode: a third of a typical capture's disk (the benchmark's tree
+// search: 13 directories and 12 small files a checkpoint; 16 -> 12 MiB over 101 captures).
+var upperOnlyXattrs = map[string]bool{"trusted.overlay.origin": true, "trusted.overlay.impure": true}
+
+// copyXattrs copies src's extended attributes to dst, but the opaque mark and upperOnlyXattrs.
 func copyXattrs(src, dst string) error {
 	names, err := listXattrs(src)
 	if err != nil {
 		return err
 	}
 	for _, name := range names {
-		if name == opaqueXattr {
+		if name == opaqueXattr || upperOnlyXattrs[name] {
 			continue
 		}
 		v, err := getXattr(src, name)

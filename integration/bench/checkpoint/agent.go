@@ -40,13 +40,17 @@ const (
 )
 
 // agentSpec is what a sandbox runs: an agent of kind holding memMB. A slow one wakes less often
-// (the shell every 100 ms instead of 20, the probe every 20 ms instead of 1), for the fan-out:
-// 100 forks of a fast one make 100 000 wakeups and 10 000 process spawns a second and saturate 2
-// cores (load average 200 here), so that the later forks would measure the earlier ones' load.
+// (the shell every 100 ms instead of 20, the probe every 20 ms instead of 1), for the fan-out and
+// the forks' checkpoints: 100 forks of a fast one make 100 000 wakeups and 10 000 process spawns
+// a second and saturate 2 cores (load average 200 here), so that the later forks would measure
+// the earlier ones' load. churnKB (python only) is how much of the held memory the agent rewrites
+// on every count, with fresh random bytes read straight into it (no temporary object, whose
+// pages would change too): the heap an agent's step changes.
 type agentSpec struct {
-	kind  agentKind
-	memMB int
-	slow  bool
+	kind    agentKind
+	memMB   int
+	slow    bool
+	churnKB int
 }
 
 // shAgent is CounterScript with the edit added in the counting branch, looping every period.
@@ -57,34 +61,42 @@ func shAgent(period string) string {
 	return strings.Replace(s, "sleep 0.02", "sleep "+period, 1)
 }
 
-// pyAgent is the same loop in python; %d is the memory to hold in MB. A thread speaks the probe's
-// protocol (probe/main.go: "TOKEN TICKS 0" in /tmp/probe, gaps over 10 ms between 1 ms ticks
+// pyAgent is the same loop in python; its arguments are the memory to hold in MB, the project
+// directory, the files it edits, the probe's tick and least gap logged (seconds) and the KiB of
+// held memory rewritten on every count. A thread speaks the probe's protocol (probe/main.go:
+// "TOKEN TICKS 0" in /tmp/probe, written every 20 ms; gaps over the least one between ticks
 // appended to /tmp/gaps), so the agent's downtime is measured as the busybox one's is.
 const pyAgent = `import os, threading, time, uuid
+TICK, MIN_GAP, CHURN = %[4]s, %[5]s, %[6]d << 10
 def probe():
     tok, ticks, last = uuid.uuid4().hex[:16], 0, time.monotonic()
+    every = max(1, int(0.02 / TICK))
     while True:
-        time.sleep(0.001)
+        time.sleep(TICK)
         now = time.monotonic()
-        if now - last > 0.010:
+        if now - last > MIN_GAP:
             with open("/tmp/gaps", "a") as f:
                 f.write("%%d %%d\n" %% (time.time_ns(), int((now - last) * 1e9)))
         last, ticks = now, ticks + 1
-        if ticks %% 20 == 0:
+        if ticks %% every == 0:
             with open("/tmp/probe.new", "w") as f:
                 f.write("%%s %%d 0\n" %% (tok, ticks))
             os.replace("/tmp/probe.new", "/tmp/probe")
 threading.Thread(target=probe, daemon=True).start()
-held = bytearray(os.urandom(%d << 20))
+held = bytearray(os.urandom(%[1]d << 20))
+rnd = open("/dev/urandom", "rb", buffering=0) if CHURN else None
 state = {k: str(k) for k in range(100000)}
 t, i = str(uuid.uuid4()), 0
-os.makedirs("/%s/edits", exist_ok=True)
+os.makedirs("/%[2]s/edits", exist_ok=True)
 while True:
     if os.path.exists("/tmp/run"):
         i += 1
         s = "run"
         state[i %% 100000] = t + str(i)
-        with open("/%s/edits/e%%d" %% (i %% %d), "w") as f:
+        if CHURN and CHURN <= len(held):
+            at = (i * CHURN) %% (len(held) - CHURN + 1)
+            rnd.readinto(memoryview(held)[at:at + CHURN])
+        with open("/%[2]s/edits/e%%d" %% (i %% %[3]d), "w") as f:
             f.write("%%s %%d\n" %% (t, i))
     else:
         s = "idle"
@@ -98,7 +110,11 @@ while True:
 // memory instead.
 func (a agentSpec) args() []string {
 	if a.kind == pythonAgent {
-		return []string{"python3", "-c", fmt.Sprintf(pyAgent, a.memMB, projectDir, projectDir, editFiles)}
+		tick, minGap := "0.001", "0.010"
+		if a.slow {
+			tick, minGap = "0.02", "0.1"
+		}
+		return []string{"python3", "-c", fmt.Sprintf(pyAgent, a.memMB, projectDir, editFiles, tick, minGap, a.churnKB)}
 	}
 	period, probe := "0.02", ""
 	if a.slow {

@@ -21,16 +21,25 @@ type options struct {
 	agentMemMB         int // the python agent sandbox's memory; with agentFiles 0 the workload is left out
 	agentFiles         int
 	tree               treeConfig // expansions 0: left out
-	only               string     // the one workload to run; "" for all
+	historyCkpts       int        // checkpoints of the agent history; 0: left out
+	historyMemMB       int
+	forked             forkedConfig
+	only               string // the one workload to run; "" for all
 }
 
 // workloads are the names -only takes, in the order they run.
-var workloads = []string{"idle", "memory", "filesystem", "agent", "exec", "fan-out", "tree"}
+var workloads = []string{"idle", "memory", "filesystem", "agent", "agent-history", "exec", "fan-out", "fork-checkpoints", "tree"}
+
+// fullOnly are the workloads the quick mode leaves out, by the flag that does: -only runs them
+// with the full mode's value of that flag.
+var fullOnly = map[string]string{"agent-history": "history-checkpoints"}
 
 // runs says whether workload w runs: all do unless -only names another.
 func (o options) runs(w string) bool { return o.only == "" || o.only == w }
 
 // modes are the presets -full picks from; a flag given on the command line wins over its preset.
+// The agent history (100 checkpoints of 256 MB, 2-3 minutes on a quiet machine, more under load)
+// is in the full mode only; -only agent-history runs it in either mode (fullOnly).
 // The quick mode keeps `make bench` within 10 minutes on 2 cores: the tree search runs the
 // busybox agent (a shell), which restores in a fraction of python's time; the full mode runs
 // every size the issue names and the tree search on the python sandbox.
@@ -39,11 +48,13 @@ var modes = map[string]map[string]string{
 		"mem-mb": "256", "rootfs-mb": "200", "forks": "1,10",
 		"agent-mem-mb": "64", "agent-files": "2000",
 		"tree-agent": string(busyboxAgent), "tree-files": "2000",
+		"history-checkpoints": "0", "history-mem-mb": "256", "forked": "10", "forked-checkpoints": "10",
 	},
 	"full": {
 		"mem-mb": "0,256,1024", "rootfs-mb": "0,200,1000", "forks": "1,10,100",
 		"agent-mem-mb": "256", "agent-files": "3000",
 		"tree-agent": string(pythonAgent), "tree-files": "3000",
+		"history-checkpoints": "100", "history-mem-mb": "256", "forked": "10", "forked-checkpoints": "10",
 	},
 }
 
@@ -67,6 +78,10 @@ func parseOptions(args []string) (options, error) {
 		{"agent-files", "`FILES` in the python agent sandbox's project (0 leaves the workload out)"},
 		{"tree-agent", "the tree search's agent: busybox or python"},
 		{"tree-files", "`FILES` in the tree search's project"},
+		{"history-checkpoints", "`N` checkpoints of the agent history (cklite only; 0 leaves it out)"},
+		{"history-mem-mb", "`MB` the agent of the agent history holds"},
+		{"forked", "`N` forks of the fork-checkpoints workload (cklite only; 0 leaves it out)"},
+		{"forked-checkpoints", "`N` checkpoints of each fork"},
 	} {
 		lists[f.name] = fs.String(f.name, "", f.usage+"; default: the mode's")
 	}
@@ -101,6 +116,9 @@ func parseOptions(args []string) (options, error) {
 	for name, v := range lists {
 		if !given[name] {
 			*v = modes[o.mode][name]
+			if fullOnly[o.only] == name {
+				*v = modes["full"][name]
+			}
 		}
 	}
 	var errs []error
@@ -119,6 +137,9 @@ func parseOptions(args []string) (options, error) {
 	}
 	o.memMB, o.rootfsMB, o.forks = ints("mem-mb"), ints("rootfs-mb"), ints("forks")
 	o.agentMemMB, o.agentFiles, o.tree.files = one("agent-mem-mb"), one("agent-files"), one("tree-files")
+	o.historyCkpts, o.historyMemMB = one("history-checkpoints"), one("history-mem-mb")
+	o.forked = forkedConfig{forks: one("forked"), checkpoints: one("forked-checkpoints"),
+		agent: agentSpec{kind: pythonAgent, memMB: o.agentMemMB, slow: true, churnKB: churnKB}}
 	switch o.tree.agent = agentKind(*lists["tree-agent"]); o.tree.agent {
 	case busyboxAgent, pythonAgent:
 	default:
@@ -126,6 +147,9 @@ func parseOptions(args []string) (options, error) {
 	}
 	if o.checkpoints < 1 || o.rolls < 1 {
 		errs = append(errs, errors.New("-checkpoints and -rollbacks: want at least 1"))
+	}
+	if o.forked.forks > 0 && o.forked.checkpoints < 1 {
+		errs = append(errs, errors.New("-forked-checkpoints: want at least 1"))
 	}
 	if o.tree.expansions > 0 && o.tree.files < 1 {
 		errs = append(errs, errors.New("-tree-files: want at least 1"))
@@ -153,7 +177,8 @@ func parseList(name, s string) ([]int, error) {
 
 // needsSandbox says whether a workload runs the python agent, whose image is imported then.
 func (o options) needsSandbox() bool {
-	return (o.runs("agent") && o.agentFiles > 0) || (o.runs("tree") && o.tree.expansions > 0 && o.tree.agent == pythonAgent)
+	return (o.runs("agent") && o.agentFiles > 0) || (o.runs("agent-history") && o.historyCkpts > 0) ||
+		(o.runs("fork-checkpoints") && o.forked.forks > 0) || (o.runs("tree") && o.tree.expansions > 0 && o.tree.agent == pythonAgent)
 }
 
 // series lists the checkpoint/rollback workloads o selects, in the order they run.
@@ -176,5 +201,14 @@ func (o options) series() []series {
 		all = append(all, series{workload: "agent", param: fmt.Sprintf("python, %d MB, %d files", o.agentMemMB, o.agentFiles),
 			agent: pythonAgent, memMB: o.agentMemMB, files: o.agentFiles})
 	}
+	if o.historyCkpts > 0 && o.runs("agent-history") {
+		all = append(all, series{workload: "agent-history", param: fmt.Sprintf("python, %d MB, ~1 MB changed a ckpt", o.historyMemMB),
+			agent: pythonAgent, memMB: o.historyMemMB, churnKB: churnKB, ckpts: o.historyCkpts, ckliteOnly: true})
+	}
 	return all
 }
+
+// churnKB is what the agent history's and the forks' agent rewrites of its memory on every
+// count: a step (workload.Counter.Advance by 2, which the agent overshoots by a count at times)
+// changes ~1 MB of its heap.
+const churnKB = 384

@@ -8,8 +8,12 @@
 //   - filesystem: M MB written to the rootfs first (-rootfs-mb), 1 MB changed before every checkpoint;
 //   - agent: python3 in the debootstrap sandbox holding state in memory and editing a project
 //     directory of a few thousand files (-agent-mem-mb, -agent-files);
+//   - agent history: the python agent holding 256 MB checkpointed 100 times, ~1 MB of its heap
+//     changed before each (-history-*), cklite only;
 //   - exec: short execs, and checkpoints with 0 and 5 exec'd processes (execs.go);
 //   - fan-out: 1, 10, ... forks of one checkpoint while the original runs (-forks);
+//   - fork checkpoints: 10 forks of one checkpoint of the python agent, each checkpointed 10
+//     times (-forked, -forked-checkpoints), cklite only;
 //   - tree search: a seeded tree of 100 expansions and 49 rollbacks, depth 8, every restored node
 //     verified by its memory counter and project hash (-tree-*).
 //
@@ -174,7 +178,7 @@ func (e *env) runAll(o options) error {
 	write := func(final bool) error { return writeResults(e.log, o, r, time.Since(e.started), final) }
 	for _, s := range o.series() {
 		e.progress("=== %s: %s ===", s.workload, s.param)
-		m, err := e.runSeries(s, o.checkpoints, o.rolls)
+		m, err := e.runSeries(s, s.checkpoints(o.checkpoints), o.rolls)
 		if err != nil {
 			return errors.Join(fmt.Errorf("%s %s: %w", s.workload, s.param, err), write(true))
 		}
@@ -201,6 +205,17 @@ func (e *env) runAll(o options) error {
 			return errors.Join(fmt.Errorf("fan-out: %w", err), write(true))
 		}
 		r.fanout = fanout
+		if err := write(false); err != nil {
+			return err
+		}
+	}
+	if o.runs("fork-checkpoints") && o.forked.forks > 0 {
+		e.progress("=== fork checkpoints: %s ===", forkedParam(o.forked))
+		m, err := e.runForked(o.forked)
+		if err != nil {
+			return errors.Join(fmt.Errorf("fork checkpoints: %w", err), write(true))
+		}
+		r.forked, r.forkedParam = m, forkedParam(o.forked)
 		if err := write(false); err != nil {
 			return err
 		}

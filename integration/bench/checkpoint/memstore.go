@@ -20,6 +20,43 @@ type memoryStore interface {
 	settle(i int) error
 	// memoryDisk is the memory of the checkpoints taken so far, as dumped and as stored.
 	memoryDisk() (logical, stored int64, err error)
+	// checkpointID is checkpoint i's id ("" when it failed).
+	checkpointID(i int) string
+	// storedAgainst is the checkpoint whose images checkpoint i's memory was stored against,
+	// once settled: "" for a full dump.
+	storedAgainst(i int) (string, error)
+}
+
+// settled waits until b's memory store, if it has one, is done with checkpoint i.
+func settled(b sandbox, i int) error {
+	if ms, ok := b.(memoryStore); ok {
+		return ms.settle(i)
+	}
+	return nil
+}
+
+// memoryOf is the memory of b's checkpoints as dumped and as stored; 0 without a memory store.
+func memoryOf(b sandbox) (logical, stored int64, err error) {
+	if ms, ok := b.(memoryStore); ok {
+		return ms.memoryDisk()
+	}
+	return 0, 0, nil
+}
+
+// checkpointID is b's checkpoint i's id, "" without a memory store.
+func checkpointID(b sandbox, i int) string {
+	if ms, ok := b.(memoryStore); ok {
+		return ms.checkpointID(i)
+	}
+	return ""
+}
+
+// storedAgainst is the checkpoint b's checkpoint i is stored against, "" without a memory store.
+func storedAgainst(b sandbox, i int) (string, error) {
+	if ms, ok := b.(memoryStore); ok {
+		return ms.storedAgainst(i)
+	}
+	return "", nil
 }
 
 // settleTimeout bounds the wait for a deduplication: the shim runs one at a time, each reading
@@ -52,6 +89,18 @@ func (s *ckliteBox) settle(i int) error {
 		case <-tick.C:
 		}
 	}
+}
+
+func (s *ckliteBox) checkpointID(i int) string { return s.ids[i] }
+
+// storedAgainst reads the parent from checkpoint i's pagechain.ReportFile.
+func (s *ckliteBox) storedAgainst(i int) (string, error) {
+	dir, ok := s.dirs[i]
+	if !ok {
+		return "", fmt.Errorf("no checkpoint %d", i)
+	}
+	r, err := pagechain.ReadReport(dir)
+	return r.Parent, err
 }
 
 // memoryDisk sums, over the container's image directories, the size of the images as CRIU wrote

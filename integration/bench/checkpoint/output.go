@@ -24,6 +24,9 @@ type results struct {
 	fanout   map[int]map[string]*measured
 	execs    map[string]*measured // nil when left out
 	tree     map[string]*measured // nil when left out
+	forked   *measured            // cklite's fork checkpoints, nil when left out
+	// forkedParam names the fork checkpoints' row group.
+	forkedParam string
 	// treeParam names the tree search's row group.
 	treeParam string
 	rec       *recorder
@@ -103,13 +106,40 @@ func diskMetrics(k int) []metric {
 			}
 			return math.Round(100*float64(m.memLogical)/float64(m.memStored)) / 100
 		}},
+		{"  memory stored in full dumps", "x", func(m *measured) float64 {
+			if m.memLogical == 0 || len(m.checkpoint) == 0 {
+				return math.NaN()
+			}
+			return math.Round(100*float64(m.memStored)*float64(len(m.checkpoint))/float64(m.memLogical)) / 100
+		}},
 		{"  in all with dedup", "MiB", func(m *measured) float64 {
 			if !m.dedup {
 				return math.NaN()
 			}
 			return mibOf(m.diskBytes - m.dedupSaved)
 		}},
+		{"disk per ckpt", "KiB", perCkpt(func(m *measured) int64 { return m.diskBytes })},
+		{"  filesystem per ckpt", "KiB", perCkpt(func(m *measured) int64 { return m.fsBytes })},
+		{"  memory stored per ckpt", "KiB", perCkpt(func(m *measured) int64 { return m.memStored })},
+		{"  memory logical per ckpt", "KiB", perCkpt(func(m *measured) int64 { return m.memLogical })},
 	}
+}
+
+// perCkpt is v over the checkpoints a system took, in KiB; NaN where v was not measured (stock's
+// memory store) or no checkpoint was taken.
+func perCkpt(v func(*measured) int64) func(*measured) float64 {
+	return func(m *measured) float64 {
+		if len(m.checkpoint) == 0 {
+			return math.NaN()
+		}
+		return orNaN(float64(v(m)) / float64(len(m.checkpoint)) / 1024)
+	}
+}
+
+// forkMetrics are the forks' times: each (p50) and all of them.
+var forkMetrics = []metric{
+	{"fork each p50", "ms", p50(func(m *measured) []time.Duration { return m.forkEach })},
+	{"fork total", "ms", func(m *measured) float64 { return orNaN(msOf(m.forkTotal)) }},
 }
 
 // restoreMetrics count the restores (rollbacks, forks) that were made and those verified.
@@ -146,7 +176,7 @@ func rows(r results, k int) []report.Row {
 			metric{"downtime p50", "ms", p50(down)}, metric{"downtime p95", "ms", p95(down)},
 			metric{"rollback p50", "ms", p50(roll)}, metric{"rollback p95", "ms", p95(roll)})
 		add(s.workload, s.param, by, criuMetrics...)
-		add(s.workload, s.param, by, diskMetrics(k)...)
+		add(s.workload, s.param, by, diskMetrics(s.checkpoints(k))...)
 		add(s.workload, s.param, by, memoryMetrics...)
 		add(s.workload, s.param, by, restoreMetrics...)
 	}
@@ -156,12 +186,18 @@ func rows(r results, k int) []report.Row {
 	}
 	for _, n := range sortedKeys(r.fanout) {
 		by, p := r.fanout[n], fmt.Sprintf("%d forks", n)
-		add("fan-out", p, by,
-			metric{"fork each p50", "ms", p50(func(m *measured) []time.Duration { return m.forkEach })},
-			metric{"fork total", "ms", func(m *measured) float64 { return orNaN(msOf(m.forkTotal)) }},
+		add("fan-out", p, by, forkMetrics[0], forkMetrics[1],
 			metric{"disk per fork", "KiB", func(m *measured) float64 { return float64(m.diskBytes) / 1024 }},
 			memoryMetrics[0])
 		add("fan-out", p, by, restoreMetrics...)
+	}
+	if r.forked != nil {
+		by, p := map[string]*measured{"cklite": r.forked}, r.forkedParam
+		add("fork checkpoints", p, by, forkMetrics[0], forkMetrics[1],
+			metric{"checkpoint p50", "ms", p50(ckpt)}, metric{"rollback p50", "ms", p50(roll)},
+			metric{"1st ckpts stored against the origin", "", func(m *measured) float64 { return float64(m.fromOrigin) }})
+		add("fork checkpoints", p, by, diskMetrics(len(r.forked.checkpoint))...)
+		add("fork checkpoints", p, by, restoreMetrics...)
 	}
 	if r.tree != nil {
 		by, p := r.tree, r.treeParam

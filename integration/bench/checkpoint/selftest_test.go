@@ -105,6 +105,11 @@ func (b *fakeStoreBox) settle(i int) error {
 	return nil
 }
 
+func (b *fakeStoreBox) checkpointID(i int) string { return fmt.Sprintf("%s-%d", b.cid, i) }
+
+// storedAgainst: the fake stores every checkpoint as a full dump's quarter, against no parent.
+func (b *fakeStoreBox) storedAgainst(int) (string, error) { return "", nil }
+
 func (b *fakeStoreBox) memoryDisk() (logical, stored int64, err error) {
 	for i := range b.taken {
 		if !b.settled[i] {
@@ -295,20 +300,23 @@ func TestSelftest(t *testing.T) {
 	out := t.TempDir()
 	o, err := parseOptions([]string{"-out", out, "-checkpoints", "4", "-rollbacks", "3",
 		"-mem-mb", "1", "-rootfs-mb", "2", "-agent-files", "30", "-forks", "1,3",
-		"-tree-expansions", "12", "-tree-rollbacks", "4", "-tree-depth", "4", "-tree-files", "30"})
+		"-tree-expansions", "12", "-tree-rollbacks", "4", "-tree-depth", "4", "-tree-files", "30",
+		"-history-checkpoints", "5", "-forked", "2", "-forked-checkpoints", "2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Calls are counted over the whole run; idle goes first, with 4 checkpoints and 3 rollbacks
-	// a system, then memory, filesystem, agent, exec (cklite only: 4 checkpoints without and 4
-	// with exec'd processes), fan-out (one checkpoint and one fork -n per count a system), tree
-	// search.
+	// a system, then memory, filesystem, agent, the agent history (5 checkpoints, cklite only),
+	// exec (cklite only: 4 checkpoints without and 4 with exec'd processes), fan-out (one
+	// checkpoint and one fork -n per count a system), fork checkpoints (cklite only: the origin's
+	// checkpoint, 2 of each of 2 forks), tree search.
 	cklite := &fakeSystem{dir: filepath.Join(out, "cklite"), calls: map[string]int{}, store: true, inject: []injection{
 		// Idle's third checkpoint fails for good: its rollbacks go to the other three.
 		{op: "checkpoint", nth: 3, times: 2, errMsg: "OCI runtime pause failed: unable to freeze"},
 		// The tree search's node 3: 17 checkpoints of the series before it (idle's retry
-		// included), exec's 8, fan-out's one, the tree's nodes 0-2.
-		{op: "checkpoint", nth: 17 + 8 + 1 + 3 + 1, times: 1, errMsg: "criu dump failed: injected"},
+		// included), the history's 5, exec's 8, fan-out's one, fork checkpoints' 5, the tree's
+		// nodes 0-2.
+		{op: "checkpoint", nth: 17 + 5 + 8 + 1 + 5 + 3 + 1, times: 1, errMsg: "criu dump failed: injected"},
 	}}
 	stock := &fakeSystem{dir: filepath.Join(out, "stock"), calls: map[string]int{}, inject: []injection{
 		// Idle's second rollback fails once with a transient error: the retry succeeds.
@@ -376,6 +384,11 @@ func TestSelftest(t *testing.T) {
 		{"memory", "  memory (logical)", "cklite", "0.016"}, {"memory", "  of it memory (stored)", "cklite", "0.004"},
 		{"memory", "  memory dedup ratio", "cklite", "4.000"}, {"memory", "  memory dedup ratio", "stock", ""},
 		{"tree search", "  memory dedup ratio", "cklite", "4.000"},
+		// The history: 5 checkpoints stored in 5/4 of one; stock left out.
+		{"agent-history", "  memory stored in full dumps", "cklite", "1.250"}, {"agent-history", "disk after 5 ckpts", "stock", ""},
+		{"agent-history", "restores verified", "cklite", "3.000"},
+		// 2 forks verified, then each rolled back to its checkpoint 1 and verified.
+		{"fork checkpoints", "restores verified", "cklite", "4.000"},
 		// runc cannot checkpoint exec'd processes: stock takes no such checkpoint.
 		{"exec", "checkpoint, 5 execs p50", "stock", ""},
 	} {
@@ -424,7 +437,8 @@ func TestSelftest(t *testing.T) {
 // are written, the interrupted one is not recorded as failures, and what the run started is gone.
 func TestSelftestInterrupted(t *testing.T) {
 	out := t.TempDir()
-	o, err := parseOptions([]string{"-out", out, "-checkpoints", "3", "-rollbacks", "1", "-mem-mb", "1", "-rootfs-mb", "", "-agent-files", "0", "-forks", "", "-tree-expansions", "0"})
+	o, err := parseOptions([]string{"-out", out, "-checkpoints", "3", "-rollbacks", "1", "-mem-mb", "1", "-rootfs-mb", "", "-agent-files", "0", "-forks", "", "-tree-expansions", "0",
+		"-history-checkpoints", "0", "-forked", "0"})
 	if err != nil {
 		t.Fatal(err)
 	}

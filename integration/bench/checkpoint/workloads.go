@@ -18,7 +18,24 @@ type series struct {
 	memMB    int // memory the probe (busybox) or the agent (python) holds
 	rootfsMB int // data written to the rootfs before the first checkpoint
 	files    int // files of the project directory written before the first checkpoint
+	churnKB  int // memory the agent rewrites per count (python; agentSpec.churnKB)
+	// ckpts is how many checkpoints the series takes; 0: the run's -checkpoints.
+	ckpts int
+	// ckliteOnly leaves stock out: the agent's history of 100 checkpoints would be 100 full
+	// dumps there (25 GiB at 256 MB), which the memory workload's 8 already show.
+	ckliteOnly bool
 }
+
+// checkpoints is how many checkpoints s takes in a run of k a series.
+func (s series) checkpoints(k int) int {
+	if s.ckpts > 0 {
+		return s.ckpts
+	}
+	return k
+}
+
+// runsOn says whether series s runs on system sys.
+func (s series) runsOn(sys string) bool { return !s.ckliteOnly || sys == "cklite" }
 
 // measured is what one system did in one workload.
 type measured struct {
@@ -36,6 +53,7 @@ type measured struct {
 	work, verify                   time.Duration // tree search: the agent's and host's work, the benchmark's checks
 	shimPeak, snapshotterPeak      uint64        // bytes
 	restores, verified             int
+	fromOrigin                     int // fork checkpoints: forks whose first checkpoint is stored against the origin
 }
 
 // allSystems are the systems compared, cklite first.
@@ -109,12 +127,21 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 			if len(taken) == 0 {
 				continue
 			}
-			// Spread over the checkpoints, not always the last.
-			i := taken[(j*3)%len(taken)]
+			i := rollbackTarget(taken, j, r)
 			e.seriesRollback(w, s, sys, boxes[sys], res[sys], i, at[sys][i], hashes[sys][i], tokens[sys])
 		}
 	}
 	return res, nil
+}
+
+// rollbackTarget is the checkpoint, of those taken, that rollback j of r goes to: spread over
+// the checkpoints, not always the last; over a long history (more than 3 a rollback) evenly from
+// the last one back, so that the deepest chains of the memory store are restored too.
+func rollbackTarget(taken []int, j, r int) int {
+	if len(taken) > 3*r {
+		return taken[len(taken)-1-j*(len(taken)/r)]
+	}
+	return taken[(j*3)%len(taken)]
 }
 
 // seriesCheckpoint takes checkpoint i of k of series s on system sys and returns the counter and
@@ -199,10 +226,13 @@ func (e *env) seriesRollback(w where, s series, sys string, b sandbox, m *measur
 func (e *env) setUp(w where, s series, boxes map[string]sandbox) (map[string]string, map[string]*measured, map[string]diskBase, error) {
 	tokens, res := map[string]string{}, map[string]*measured{}
 	for _, sys := range systems {
+		if !s.runsOn(sys) {
+			continue
+		}
 		res[sys] = &measured{}
 		var b sandbox
 		_, err := e.op(w, sys, "starting the container", func() (err error) {
-			b, err = e.systems[sys].start(fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), agentSpec{kind: s.agent, memMB: s.memMB})
+			b, err = e.systems[sys].start(fmt.Sprintf("%s-%s-%d-%d", sys, s.workload, s.memMB, s.rootfsMB), agentSpec{kind: s.agent, memMB: s.memMB, churnKB: s.churnKB})
 			return err
 		})
 		if err != nil {
@@ -278,10 +308,8 @@ func (e *env) finish(w where, boxes map[string]sandbox, res map[string]*measured
 				return err
 			}
 			m.fsBytes = fs - base[sys].fs
-			if ms, ok := b.(memoryStore); ok {
-				if m.memLogical, m.memStored, err = ms.memoryDisk(); err != nil {
-					return err
-				}
+			if m.memLogical, m.memStored, err = memoryOf(b); err != nil {
+				return err
 			}
 			if sys != "cklite" { // stock's overlayfs snapshotter runs inside containerd, without dedup
 				return nil
@@ -298,10 +326,8 @@ func (e *env) finish(w where, boxes map[string]sandbox, res map[string]*measured
 // afterCheckpoint records what checkpoint i of b left behind: CRIU's stats, the disk grown
 // since before the first checkpoint (once a memoryStore is done with it), the shim's peak memory.
 func (e *env) afterCheckpoint(b sandbox, i int, m *measured, diskBefore int64) error {
-	if ms, ok := b.(memoryStore); ok {
-		if err := ms.settle(i); err != nil {
-			return err
-		}
+	if err := settled(b, i); err != nil {
+		return err
 	}
 	cs, err := b.criu(i)
 	if err != nil {
@@ -380,10 +406,7 @@ func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error)
 			if err := b.checkpoint(0); err != nil {
 				return err
 			}
-			if ms, ok := b.(memoryStore); ok {
-				return ms.settle(0) // no rewrite of its images under the forks' disk measurement
-			}
-			return nil
+			return settled(b, 0) // no rewrite of its images under the forks' disk measurement
 		})
 		if err != nil {
 			delete(boxes, sys)
