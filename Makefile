@@ -89,8 +89,9 @@ test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -skip '^TestKube' ./integration/
 
 ## test-faults: the fault-injection suite (issue 16), 30 seeded rounds per fault point: the shim,
-## the snapshotter and containerd die mid-checkpoint and mid-rollback (integration/fault_test.go,
-## docs/reliability.md); make test runs 1 round per point. CKLITE_FAULT_SEED picks another seed.
+## the snapshotter and containerd die mid-checkpoint (the switch rule's freeze too), mid-rollback
+## and mid-fork, cklite mid-export (integration/fault_test.go, docs/reliability.md); make test runs
+## 1 round per point. CKLITE_FAULT_SEED picks another seed, CKLITE_FAULT_POINTS=a,b some points.
 test-faults: deps build
 	CKLITE_FAULT_ROUNDS=$${CKLITE_FAULT_ROUNDS:-30} $(GO) test -count=1 -v -timeout 180m -run '^TestFaults$$' ./integration/
 

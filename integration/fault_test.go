@@ -44,7 +44,10 @@ import (
 type faultCase struct {
 	name  string
 	point string // armed in the fault file
-	op    string // "checkpoint" (leave-running, Go client), "rollback" (cklite rollback, in place) or "fork" (cklite fork)
+	// op: "checkpoint" (leave-running, Go client), "switch" (the same past the switch rule: 2 MiB
+	// written, the task paused by the client), "rollback" (cklite rollback, in place), "fork"
+	// (cklite fork) or "export" (cklite checkpoint export, fault_export_test.go).
+	op string
 	// crashContainerd: the point holds the shim and the test kills containerd meanwhile.
 	crashContainerd bool
 }
@@ -57,6 +60,36 @@ var faultCases = []faultCase{
 	{name: "containerd during checkpoint", point: fault.ShimAfterDump + ":hold", op: "checkpoint", crashContainerd: true},
 	{name: "containerd during rollback", point: fault.SwitchPrepared + ":hold", op: "rollback", crashContainerd: true},
 	{name: "fork's shim between switch update and remove", point: fault.SwitchUpdated, op: "fork"},
+	{name: "shim between freeze lend and commit", point: fault.FreezeLent, op: "switch"},
+	{name: "shim between freeze commit and move", point: fault.FreezeCommitted, op: "switch"},
+	{name: "shim between freeze move and hand-over", point: fault.FreezeMoved, op: "switch"},
+	{name: "shim between freeze hand-over and rename", point: fault.FreezeHandedOver, op: "switch"},
+	{name: "shim between freeze rename and remove", point: fault.FreezeRenamed, op: "switch"},
+	{name: "snapshotter mid-hand-over", point: fault.SnapshotterHandOver, op: "switch"},
+	{name: "containerd during freeze", point: fault.FreezeMoved + ":hold", op: "switch", crashContainerd: true},
+	{name: "export killed after its layers", point: fault.ExportLayers, op: "export"},
+	{name: "export killed after its archive", point: fault.ExportArchive, op: "export"},
+}
+
+// selected reports whether fc runs: CKLITE_FAULT_POINTS, a comma-separated list of fault points
+// (with or without ":hold"), picks cases; unset, all run.
+func (fc faultCase) selected() bool {
+	list := os.Getenv("CKLITE_FAULT_POINTS")
+	if list == "" {
+		return true
+	}
+	name, _, _ := strings.Cut(fc.point, ":")
+	for _, p := range strings.Split(list, ",") {
+		if p = strings.TrimSpace(p); p == fc.point || p == name {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshotterPoint reports whether the fault kills the snapshotter.
+func (fc faultCase) snapshotterPoint() bool {
+	return strings.HasPrefix(fc.point, "snapshotter-")
 }
 
 // faultEnv is a checkpoint environment whose daemon honours a fault file.
@@ -73,6 +106,9 @@ func TestFaults(t *testing.T) {
 	var table faultTable
 	t.Cleanup(func() { t.Logf("fault injection, seed %d:\n%s", seed, table.String()) })
 	for ci, fc := range faultCases {
+		if !fc.selected() {
+			continue
+		}
 		t.Run(fc.name, func(t *testing.T) {
 			for round := range rounds {
 				rng := rand.New(rand.NewPCG(seed, uint64(ci*1000+round)))
@@ -148,6 +184,9 @@ func (e *faultEnv) round(t *testing.T, fc faultCase, id string, rng *rand.Rand) 
 	_, metaA, atA := e.markedCheckpoint(t, task, cnt, tag)
 	before := cnt.advance(t, 1+rng.IntN(4))
 	changeMarks(t, cnt.Rootfs, tag)
+	if fc.op == "switch" {
+		writeBig(t, cnt.Rootfs)
+	}
 
 	opErr := e.interrupt(t, fc, c, task, metaA.ID, checkpointDir(t, e.d, id+"-B"))
 	var out faultOutcome
@@ -167,6 +206,12 @@ func (e *faultEnv) round(t *testing.T, fc faultCase, id string, rng *rand.Rand) 
 		t.Fatalf("container %s refers to rootfs snapshot %s after %q: %v", id, info.SnapshotKey, fc.name, err)
 	}
 	out.taskRunning = e.runningOrRestart(t, c, cnt, fc.name)
+	if fc.op == "switch" {
+		expectChangedFiles(t, cnt.Rootfs, tag)
+	}
+	if fc.op == "export" {
+		e.expectExportRerun(t, id, metaA.ID)
+	}
 
 	// Every checkpoint listed restores and verifies.
 	for _, r := range e.recordsOf(t, id) {
@@ -206,25 +251,49 @@ func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, tas
 		case "fork":
 			_, err := e.d.Cklite(e.ctx, "fork", "-n", "1", "--prefix", c.ID()+"-f", target)
 			done <- err
+		case "switch":
+			done <- e.checkpointErr(task, dirB, nil)
+		case "export":
+			done <- e.export(c.ID(), target)
 		default:
 			_, err := e.d.Cklite(e.ctx, "rollback", c.ID(), target)
 			done <- err
 		}
 	}()
+	restarted := make(chan error, 1)
+	if fc.snapshotterPoint() {
+		// As a supervisor would, the snapshotter is started again as soon as it died: the
+		// operation may wait for it (a freeze does).
+		go func() {
+			if !e.d.SnapshotterExited(time.Minute) {
+				restarted <- fmt.Errorf("the snapshotter did not reach %s during the %s", fc.point, fc.op)
+				return
+			}
+			if err := os.WriteFile(e.file, nil, 0o644); err != nil {
+				restarted <- err
+				return
+			}
+			restarted <- e.d.StartSnapshotter()
+		}()
+	}
 	if fc.crashContainerd {
 		e.crashWhileHeld(t, done)
 	}
 	err := <-done
 	e.arm(t, "")
-	var wait time.Duration // a fault of the shim or containerd must not kill the snapshotter
-	if fc.point == fault.SnapshotterCommit {
-		wait = time.Minute
-	}
-	switch exited := e.d.SnapshotterExited(wait); {
-	case exited:
+	exited := false
+	if fc.snapshotterPoint() {
+		if rerr := <-restarted; rerr != nil {
+			t.Fatalf("restarting the snapshotter: %v (the operation: %v)", rerr, err)
+		}
+		exited = true
+	} else if e.d.SnapshotterExited(0) { // a fault of the shim or containerd must not kill it
 		if err := e.d.StartSnapshotter(); err != nil {
 			t.Fatalf("restarting the snapshotter: %v", err)
 		}
+		exited = true
+	}
+	if exited {
 		// containerd's proxy redials the new snapshotter after its connection's backoff. A Stat
 		// of a key containerd knows reaches the snapshotter (a lost key is the caller's finding).
 		eventually(t, "containerd to reach the restarted snapshotter", func() error {
@@ -237,8 +306,6 @@ func (e *faultEnv) interrupt(t *testing.T, fc faultCase, c client.Container, tas
 			}
 			return err
 		})
-	case wait > 0:
-		t.Fatalf("the snapshotter did not reach %s during the %s (%v)", fc.point, fc.op, err)
 	}
 	return err
 }
@@ -396,7 +463,8 @@ func (e *faultEnv) removeAndExpectNothingLeft(t *testing.T, c client.Container) 
 	}
 }
 
-// strayRootfs lists the active snapshots in cklite that no container's record names.
+// strayRootfs lists the active snapshots in cklite that no container's record names, and the
+// views (an export's).
 func (e *faultEnv) strayRootfs(t *testing.T) []string {
 	t.Helper()
 	ctrs, err := e.d.Client().Containers(e.ctx)
@@ -413,7 +481,7 @@ func (e *faultEnv) strayRootfs(t *testing.T) []string {
 	}
 	var stray []string
 	err = e.sn.Walk(e.ctx, func(_ context.Context, info snapshots.Info) error {
-		if info.Kind == snapshots.KindActive && !used[info.Name] {
+		if info.Kind == snapshots.KindView || info.Kind == snapshots.KindActive && !used[info.Name] {
 			stray = append(stray, info.Name)
 		}
 		return nil

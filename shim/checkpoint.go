@@ -22,6 +22,7 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/runtime"
+	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // ckliteVersion is written into every checkpoint's metadata.
@@ -230,11 +231,20 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 			}
 			return nil
 		},
-		switchRootfs:  func(ctx context.Context) error { return ck.freezeRecorded(ctx, sn, key, meta) },
 		restoreAnyway: true,
 		exit:          ck.opts.Exit,
 	}
-	res, err := ip.run(ctx)
+	ip.switchRootfs = func(ctx context.Context) error {
+		on, err := ck.freezeRecorded(ctx, sn, meta)
+		if on != "" {
+			ip.key = on // the restore mounts the key the container's record names
+		}
+		return err
+	}
+	// Once CRIU's dump has ended the processes only the freeze and the restore bring them back:
+	// they must not end with the request, which ttrpc cancels when containerd goes away (as a
+	// rollback's, rollback.go). The freeze waits for containerd and the snapshotter, bounded.
+	res, err := ip.run(context.WithoutCancel(ctx))
 	switch {
 	case err != nil:
 		return err
@@ -249,29 +259,21 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 	return nil
 }
 
-// freezeRecorded freezes key's upper as the checkpoint's layer and prepares key again on it, as
-// freeze.Freeze does, with the checkpoint recorded in between: containerd's Commit consumes the
-// key (there is no O(1) commit that keeps it), and a crash before the Prepare leaves the container
-// without its key, but its files in a recorded checkpoint, which a rollback switches it to (a
-// crash before the record leaves them under the work lease only, which expires).
-func (ck *checkpointRun) freezeRecorded(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
-	info, err := sn.Stat(ctx, key)
+// freezeRecorded freezes the container's upper as the checkpoint's layer and stacks its key on
+// it again (freeze.Rootfs: the container's record names a snapshot that shows its files at every
+// step, so a crash anywhere loses nothing), then records the checkpoint. It returns the key the
+// record names. A checkpoint is recorded only once the whole freeze is done: a crash before leaves
+// its layer under the work lease, or in the chain of the container's key, unlisted.
+func (ck *checkpointRun) freezeRecorded(ctx context.Context, sn snapshots.Snapshotter, meta checkpoint.Meta) (string, error) {
+	cs, err := ck.s.daemon.containers()
 	if err != nil {
-		return fmt.Errorf("freezing %s: %w", key, err)
+		return "", err
 	}
-	if err := sn.Commit(ctx, meta.Frozen, key, snapshots.WithLabels(map[string]string{checkpoint.LabelID: meta.ID})); err != nil {
-		return fmt.Errorf("freezing %s as %s: %w", key, meta.Frozen, err)
+	on, err := freeze.Rootfs(ctx, sn, cs, ck.lm, ck.c.id, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID})
+	if err != nil {
+		return on, err
 	}
-	recErr := ck.record(ctx, meta)
-	if recErr != nil {
-		// Unfreezing is not possible; the layer stays in the chain, unrecorded, and the
-		// collector frees it with the container.
-		log.G(ctx).WithError(recErr).WithField("frozen", meta.Frozen).Warn("checkpoint not recorded")
-	}
-	if _, err := sn.Prepare(ctx, key, meta.Frozen, snapshots.WithLabels(info.Labels)); err != nil {
-		return fmt.Errorf("froze %s as %s, but preparing %s again on it failed: %w", key, meta.Frozen, key, err)
-	}
-	return recErr
+	return on, ck.record(ctx, meta)
 }
 
 // criuOpts are the engine's options for this checkpoint's dump (exit: its processes end) or for

@@ -6,13 +6,11 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -207,7 +205,7 @@ func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta chec
 		return freeze.Switched{}, err
 	}
 	var sw freeze.Switched
-	err = retryUnavailable(ctx, switchRetryLimit, func() (err error) {
+	err = freeze.RetryUnavailable(ctx, freeze.RetryLimit, func() (err error) {
 		sw, err = freeze.Switch(ctx, sn, cs, lm, id, meta.Frozen)
 		return err
 	})
@@ -215,32 +213,6 @@ func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta chec
 		return freeze.Switched{}, fmt.Errorf("stack the rootfs of container %s on frozen layer %s of checkpoint %s: %w", id, meta.Frozen, meta.ID, err)
 	}
 	return sw, nil
-}
-
-// switchRetryLimit bounds how long a switch waits for containerd or the snapshotter to come back:
-// a restart takes seconds, and a rollback in place has already ended the task's processes, which
-// only a switch lets it restore.
-const switchRetryLimit = 30 * time.Second
-
-// retryUnavailable runs op until it succeeds, fails otherwise than with ErrUnavailable (containerd
-// or the snapshotter not answering: restarting after a crash), or limit has passed. A switch may
-// run again after any failure (freeze.Switch).
-func retryUnavailable(ctx context.Context, limit time.Duration, op func() error) error {
-	deadline := time.Now().Add(limit)
-	wait := 50 * time.Millisecond
-	for {
-		err := op()
-		if err == nil || !errdefs.IsUnavailable(err) || time.Now().Add(wait).After(deadline) {
-			return err
-		}
-		log.G(ctx).WithError(err).Warn("containerd or the snapshotter does not answer: trying again")
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, time.Second)
-	}
 }
 
 // frozenLayerExists checks that checkpoint meta's frozen layer is in sn, naming why not.

@@ -269,7 +269,9 @@ func (m *mergeSet) ensure(job mergeJob) error {
 	var sources []string // bottom first
 	if count == m.fanOut {
 		for i := count - 1; i >= 0; i-- {
-			sources = append(sources, m.layerPath(job[i]))
+			// A layer whose upper is still borrowed is read where it is (lend.go).
+			layer, _ := realUpper(m.layerPath(job[i]))
+			sources = append(sources, layer)
 		}
 	} else {
 		part := count / m.fanOut

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cklite/cklite/pkg/fault"
+	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // Snapshotter is a containerd snapshotter on overlayfs whose Commit is O(1), which makes a
@@ -161,9 +163,19 @@ func (s *Snapshotter) Stat(ctx context.Context, key string) (info snapshots.Info
 	return info, err
 }
 
-// Update changes the labels of a snapshot.
+// Update changes the labels of a snapshot. Setting freeze.LabelHandOver hands its upper over to
+// the snapshot it is lent to (lend.go).
 func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (newInfo snapshots.Info, err error) {
 	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		if slices.Contains(fieldpaths, "labels."+freeze.LabelHandOver) {
+			id, _, _, err := storage.GetInfo(ctx, info.Name)
+			if err != nil {
+				return err
+			}
+			if err := s.handOver(ctx, id); err != nil {
+				return err
+			}
+		}
 		newInfo, err = storage.UpdateInfo(ctx, info, fieldpaths...)
 		return err
 	})
@@ -191,11 +203,13 @@ func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, e
 			return u, nil
 		}
 	}
-	du, err := fs.DiskUsage(ctx, s.upperPath(id))
+	// A borrowed upper is measured where it is; its lender may still change it (lend.go).
+	upper, borrowed := realUpper(s.upperPath(id))
+	du, err := fs.DiskUsage(ctx, upper)
 	if err != nil {
 		return snapshots.Usage{}, fmt.Errorf("measuring snapshot %s: %w", key, err)
 	}
-	if info.Kind == snapshots.KindCommitted {
+	if info.Kind == snapshots.KindCommitted && !borrowed {
 		s.usage[id] = snapshots.Usage(du)
 	}
 	return snapshots.Usage(du), nil
@@ -235,7 +249,8 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if info.Kind != snapshots.KindActive {
 			return fmt.Errorf("committing %s: it is %s, only an active snapshot can be committed: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
 		}
-		if at, err := mountedUpper(s.upperPath(id)); err != nil {
+		upper, borrowed := realUpper(s.upperPath(id))
+		if at, err := mountedUpper(upper); err != nil {
 			return fmt.Errorf("committing %s: %w", key, err)
 		} else if at != "" {
 			return fmt.Errorf("committing %s: its upper layer is still mounted at %s (stop or checkpoint the task first): %w", key, at, errdefs.ErrFailedPrecondition)
@@ -244,7 +259,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 			return fmt.Errorf("committing %s as %s: %w", key, name, err)
 		}
 		fault.Point(fault.SnapshotterCommit)
-		if s.dedup != nil {
+		if s.dedup != nil && !borrowed { // a borrowed upper is deduplicated once handed over
 			s.dedup.enqueue(s.upperPath(id))
 		}
 		return nil
@@ -252,12 +267,15 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 }
 
 // Remove deletes a snapshot. Its directory goes at once unless removal is asynchronous, in
-// which case Cleanup reclaims it.
+// which case Cleanup reclaims it; an upper it lent is handed over first (lend.go).
 func (s *Snapshotter) Remove(ctx context.Context, key string) (err error) {
 	var removals []string
 	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
 		id, _, err := storage.Remove(ctx, key)
 		if err != nil {
+			return fmt.Errorf("removing snapshot %s: %w", key, err)
+		}
+		if err := s.handOver(ctx, id); err != nil {
 			return fmt.Errorf("removing snapshot %s: %w", key, err)
 		}
 		s.usageMu.Lock()
@@ -378,7 +396,10 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 		if snap, err = storage.CreateSnapshot(ctx, kind, key, parent, opts...); err != nil {
 			return fmt.Errorf("creating snapshot %s: %w", key, err)
 		}
-		if len(snap.ParentIDs) > 0 {
+		if err := s.borrowAsked(ctx, kind, key, parent, opts, tmp, snap.ID); err != nil {
+			return fmt.Errorf("creating snapshot %s: %w", key, err)
+		}
+		if len(snap.ParentIDs) > 0 && !isLink(filepath.Join(tmp, "fs")) {
 			// The new upper's root takes the owner of the parent's root, as overlay's does, so that
 			// a layer made by a non-root image keeps working.
 			st, err := os.Stat(s.upperPath(snap.ParentIDs[0]))
@@ -400,6 +421,34 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 		return nil, err
 	}
 	return s.mounts(ctx, snap)
+}
+
+// borrowAsked makes the new active snapshot's upper (in directory tmp, id id) a borrowed one
+// when its labels ask for it (freeze.LabelUpperOf, lend.go).
+func (s *Snapshotter) borrowAsked(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt, tmp, id string) error {
+	var info snapshots.Info
+	for _, opt := range opts {
+		if err := opt(&info); err != nil {
+			return err
+		}
+	}
+	path, ok := info.Labels[freeze.LabelUpperOf]
+	if !ok {
+		return nil
+	}
+	if kind != snapshots.KindActive {
+		return fmt.Errorf("only an active snapshot borrows an upper: %w", errdefs.ErrInvalidArgument)
+	}
+	lender, err := s.lender(ctx, key, parent, path)
+	if err != nil {
+		return err
+	}
+	return s.borrow(tmp, id, lender)
+}
+
+func isLink(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode()&os.ModeSymlink != 0
 }
 
 // prepareDirectory makes a snapshot directory under a temporary name: it becomes the snapshot's

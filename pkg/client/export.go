@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -22,6 +21,7 @@ import (
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
 	"github.com/cklite/cklite/pkg/ckimage/export"
+	"github.com/cklite/cklite/pkg/fault"
 	"github.com/cklite/cklite/pkg/fork"
 )
 
@@ -46,8 +46,14 @@ type ExportOptions struct {
 // Export makes the checkpoint src names (an id, name or prefix; a CRIU image directory; a CRI
 // checkpoint archive; or a containerd checkpoint image) an OCI image that a cklite container
 // restores from, named opts.Ref. A failed export leaves nothing: a bad reference or an archive
-// path that cannot be written is refused before anything is made, and the image record (and the
-// archive) made before a later failure are removed again.
+// path that cannot be written is refused before anything is made, and what a later failure would
+// leave is removed again.
+//
+// A killed export leaves nothing that import, nerdctl or a registry push would take for the
+// image: its blobs are written under a lease (containerd's collector frees them when it
+// expires), the archive is written as <archive>.partial and renamed when complete (the next
+// export to the same path replaces a partial one), and the image record, one transaction, is
+// made last.
 func (c *Client) Export(ctx context.Context, arg string, opts ExportOptions) (_ Exported, retErr error) {
 	ctx = c.Context(ctx)
 	if err := ValidateRef(opts.Ref); err != nil {
@@ -61,13 +67,15 @@ func (c *Client) Export(ctx context.Context, arg string, opts ExportOptions) (_ 
 		return Exported{}, err
 	}
 	var out *os.File
+	partial := opts.Archive + ".partial"
 	if opts.Archive != "" {
-		if out, err = os.Create(opts.Archive); err != nil {
+		if out, err = os.Create(partial); err != nil {
 			return Exported{}, fmt.Errorf("archive: %w", err)
 		}
 		defer func() {
 			out.Close()
 			if retErr != nil {
+				os.Remove(partial)
 				os.Remove(opts.Archive)
 			}
 		}()
@@ -88,22 +96,21 @@ func (c *Client) Export(ctx context.Context, arg string, opts ExportOptions) (_ 
 	}
 	defer src.close()
 	start := time.Now()
-	img, undo, err := e.export(ctx, src, opts.Ref)
+	img, err := e.export(ctx, src, opts.Ref)
 	if err != nil {
 		return Exported{}, err
 	}
-	defer func() {
-		if retErr != nil {
-			undo()
-		}
-	}()
+	fault.Point(fault.ExportLayers)
 	fmt.Fprintf(pw, "image %s: %s (%.1fs)\n", img.Name, img.Target.Digest, time.Since(start).Seconds())
 	res := Exported{Image: img.Name, Digest: img.Target.Digest.String(), Checkpoint: src.meta.ID, CheckpointName: src.meta.Name}
 	if out != nil {
-		if res.ArchiveBytes, err = exportArchive(ctx, c.ctrd, img.Name, out, pw); err != nil {
+		if res.ArchiveBytes, err = exportArchive(ctx, c.ctrd, img, out, opts.Archive, pw); err != nil {
 			return Exported{}, err
 		}
 		res.Archive = opts.Archive
+	}
+	if err := e.record(ctx, img); err != nil {
+		return Exported{}, err
 	}
 	res.TookMs = time.Since(start).Milliseconds()
 	return res, nil
@@ -232,60 +239,51 @@ func (e *exporter) checkpointDir(ctx context.Context, name string) (dir string, 
 	return dir, err == nil, err
 }
 
-// export writes the checkpoint image of src and names it ref; undo puts the image record back as
-// it was (removes it, or points it at its former target). The content it wrote is left to
-// containerd's collector (Export's lease holds it until it returns).
-func (e *exporter) export(ctx context.Context, src source, ref string) (images.Image, func(), error) {
+// export writes the checkpoint image of src into the content store and returns its record, named
+// ref, not yet made (record). The content it wrote is left to containerd's collector (Export's
+// lease holds it until it returns).
+func (e *exporter) export(ctx context.Context, src source, ref string) (images.Image, error) {
 	sn := e.c.ctrd.SnapshotService(src.meta.Snapshotter)
 	chain, parent, err := e.chain(ctx, sn, src.meta)
 	if err != nil {
-		return images.Image{}, nil, err
+		return images.Image{}, err
 	}
 	base, spec, err := e.origin(ctx, src)
 	if err != nil {
-		return images.Image{}, nil, err
+		return images.Image{}, err
 	}
 	top, err := export.BaseChainID(ctx, e.c.ctrd.ContentStore(), base, platforms.Default())
 	if err != nil {
-		return images.Image{}, nil, err
+		return images.Image{}, err
 	}
 	if parent != top.String() {
-		return images.Image{}, nil, fmt.Errorf("the frozen layers of checkpoint %s are stacked on snapshot %q, not on the layers of image %s (%s): name the container's image with --base: %w",
+		return images.Image{}, fmt.Errorf("the frozen layers of checkpoint %s are stacked on snapshot %q, not on the layers of image %s (%s): name the container's image with --base: %w",
 			src.meta.ID, parent, base.Name, top, errdefs.ErrFailedPrecondition)
 	}
 	fmt.Fprintf(e.progress, "checkpoint %s of container %s: %d frozen layer(s) on image %s\n", src.meta.ID, src.meta.Container, len(chain), base.Name)
 	deltas, err := export.Deltas(ctx, sn, e.c.ctrd.DiffService(), e.c.ctrd.ContentStore(), e.mediaType, parent, chain, e.progress)
 	if err != nil {
-		return images.Image{}, nil, err
+		return images.Image{}, err
 	}
 	cs := e.c.ctrd.ContentStore()
 	target, err := export.Write(ctx, cs, export.Spec{Base: base, Deltas: deltas, CRIUDir: src.criuDir, Meta: src.meta, Spec: spec})
 	if err != nil {
-		return images.Image{}, nil, err
+		return images.Image{}, err
 	}
+	return images.Image{Name: ref, Target: target, Labels: map[string]string{ckimage.LabelCheckpoint: src.meta.ID}}, nil
+}
+
+// record makes img's record, or points the record of its name at it.
+func (e *exporter) record(ctx context.Context, img images.Image) error {
 	is := e.c.ctrd.ImageService()
-	img := images.Image{Name: ref, Target: target, Labels: map[string]string{ckimage.LabelCheckpoint: src.meta.ID}}
-	created, err := is.Create(ctx, img)
-	undo := func() {
-		if err := is.Delete(context.WithoutCancel(ctx), ref); err != nil {
-			log.G(ctx).WithError(err).WithField("image", ref).Warn("remove the image of a failed export")
-		}
-	}
+	_, err := is.Create(ctx, img)
 	if errdefs.IsAlreadyExists(err) {
-		var old images.Image
-		if old, err = is.Get(ctx, ref); err == nil {
-			created, err = is.Update(ctx, img, "target", "labels."+ckimage.LabelCheckpoint)
-		}
-		undo = func() {
-			if _, err := is.Update(context.WithoutCancel(ctx), old, "target", "labels."+ckimage.LabelCheckpoint); err != nil {
-				log.G(ctx).WithError(err).WithField("image", ref).Warn("put back the image a failed export replaced")
-			}
-		}
+		_, err = is.Update(ctx, img, "target", "labels."+ckimage.LabelCheckpoint)
 	}
 	if err != nil {
-		return images.Image{}, nil, fmt.Errorf("image record %s: %w", ref, err)
+		return fmt.Errorf("image record %s: %w", img.Name, err)
 	}
-	return created, undo, nil
+	return nil
 }
 
 // origin returns the image the checkpointed container was made from (--base, the container's,
@@ -339,21 +337,29 @@ func (e *exporter) chain(ctx context.Context, sn snapshots.Snapshotter, meta che
 	return export.Chain(ctx, sn, meta.Frozen)
 }
 
-// exportArchive writes image name as an OCI archive into f (at path) and returns its size.
-func exportArchive(ctx context.Context, ctrd *containerd.Client, name string, f *os.File, progress io.Writer) (int64, error) {
+// exportArchive writes image img (its record not made yet) as an OCI archive into f, which is
+// renamed to final once complete, and returns its size.
+func exportArchive(ctx context.Context, ctrd *containerd.Client, img images.Image, f *os.File, final string, progress io.Writer) (int64, error) {
 	start := time.Now()
 	path := f.Name()
-	err := ctrd.Export(ctx, f, archive.WithImage(ctrd.ImageService(), name), archive.WithPlatform(platforms.DefaultStrict()))
+	err := ctrd.Export(ctx, f, archive.WithImages([]images.Image{img}), archive.WithPlatform(platforms.DefaultStrict()))
+	if err == nil {
+		err = f.Sync() // complete on disk before it is renamed into place
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return 0, fmt.Errorf("export %s to %s: %w", name, path, err)
+		return 0, fmt.Errorf("export %s to %s: %w", img.Name, path, err)
 	}
 	info, err := os.Stat(path)
 	if err != nil {
 		return 0, err
 	}
-	fmt.Fprintf(progress, "archive %s: %d bytes (%.1fs)\n", path, info.Size(), time.Since(start).Seconds())
+	fault.Point(fault.ExportArchive)
+	if err := os.Rename(path, final); err != nil {
+		return 0, fmt.Errorf("archive: %w", err)
+	}
+	fmt.Fprintf(progress, "archive %s: %d bytes (%.1fs)\n", final, info.Size(), time.Since(start).Seconds())
 	return info.Size(), nil
 }

@@ -40,6 +40,18 @@ const (
 	SwitchUpdated     = "switch-updated"     // the container refers to the fresh key, the old one is not removed yet
 	SnapshotterCommit = "snapshotter-commit" // the snapshotter's commit is written, its transaction not committed
 	PagechainSwap     = "pagechain-swap"     // a rewritten pages file is in place, the pagemap naming it not yet (pkg/pagechain)
+
+	// The crash-safe freeze of a container's rootfs (freeze.Rootfs: the switch rule's checkpoint).
+	FreezeLent          = "freeze-lent"           // a borrower of the container's upper exists, not committed
+	FreezeCommitted     = "freeze-committed"      // the borrower is committed, the container still on its key
+	FreezeMoved         = "freeze-moved"          // the container is on a fresh key on the layer, its old key lent
+	FreezeHandedOver    = "freeze-handed-over"    // the old key's directory is the layer's, the key not removed
+	FreezeRenamed       = "freeze-renamed"        // the container is on its key again, the fresh one not removed
+	SnapshotterHandOver = "snapshotter-hand-over" // the snapshotter exchanged a lent upper, its transaction not committed
+
+	// cklite checkpoint export (pkg/client).
+	ExportLayers  = "export-layers"  // the image's blobs are in the content store, no record or archive yet
+	ExportArchive = "export-archive" // the archive is written under its temporary name
 )
 
 var hits struct {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/snapshotter"
+	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // TestCaptureDelta: after a first capture, each change of the live rootfs (through its overlay
@@ -170,7 +171,7 @@ func newEnv(t testing.TB) *env {
 	t.Cleanup(func() { sn.Close() })
 	ms, err := sn.Prepare(ctx, "base-k", "")
 	must(t, err)
-	lower, err := upperOf("base-k", ms)
+	lower, err := freeze.UpperDir("base-k", ms)
 	must(t, err)
 	write(t, lower, "etc/conf", "conf")
 	write(t, lower, "lowdir/a", "a")

@@ -33,5 +33,5 @@
 //
 // The walk is O(entries of the upper) and the copy O(bytes changed): the caller decides from a
 // Plan's Stats whether writing the delta is worth it, or whether to switch the upper instead
-// (freeze.Freeze, which needs the upper unmounted).
+// (freeze.Rootfs, which needs the upper unmounted).
 package capture

@@ -6,12 +6,12 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
-	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
+
+	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // Capture is one capture of an active snapshot's upper, in the steps a checkpoint needs: Prepare
@@ -62,7 +62,7 @@ func Prepare(ctx context.Context, sn snapshots.Snapshotter, key, name string, pr
 	if err != nil {
 		return nil, fmt.Errorf("capturing %s: %w", key, err)
 	}
-	upper, err := upperOf(key, ms)
+	upper, err := freeze.UpperDir(key, ms)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +79,7 @@ func Prepare(ctx context.Context, sn snapshots.Snapshotter, key, name string, pr
 	if err != nil {
 		return nil, fmt.Errorf("capturing %s: prepare %s on %q: %w", key, c.tmp, c.base, err)
 	}
-	if c.to, err = upperOf(c.tmp, ms); err != nil {
+	if c.to, err = freeze.UpperDir(c.tmp, ms); err != nil {
 		c.Abort(ctx, sn)
 		return nil, err
 	}
@@ -189,23 +189,4 @@ func opaqueValue(opaque bool) string {
 		return "y"
 	}
 	return ""
-}
-
-// upperOf is the directory an active snapshot's mounts write to: the overlay's upperdir, or the
-// bind-mounted directory of a snapshot without parent.
-func upperOf(key string, ms []mount.Mount) (string, error) {
-	if len(ms) == 1 {
-		m := ms[0]
-		switch m.Type {
-		case "overlay":
-			for _, o := range m.Options {
-				if dir, ok := strings.CutPrefix(o, "upperdir="); ok {
-					return dir, nil
-				}
-			}
-		case "bind":
-			return m.Source, nil
-		}
-	}
-	return "", fmt.Errorf("snapshot %s is not an overlay with an upper directory (mounts %v): a checkpoint of a running task's filesystem needs one: %w", key, ms, errdefs.ErrNotImplemented)
 }

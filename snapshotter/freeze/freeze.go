@@ -15,6 +15,12 @@
 // mounted (a running task would keep writing into the frozen layer): stop the task, or let the
 // shim checkpoint it, which unmounts around the freeze.
 //
+// Freeze leaves the key absent between its two calls: a crash there loses the container's
+// rootfs. Rootfs (rootfs.go) is the crash-safe freeze of a container's rootfs that checkpoints
+// use: the container's record names a snapshot that exists and shows its files at every moment
+// (the snapshotter lends the upper to the layer being committed, see lend.go in package
+// snapshotter).
+//
 // Switch (switch.go) is the other direction: it moves a container to a fresh active snapshot on
 // another committed layer (a rollback, a restore, a fork), crash-safe: the container's record is
 // updated in one step from a key that exists to another that exists.
@@ -28,6 +34,16 @@ import (
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
+)
+
+// Labels of the lending protocol between Rootfs and the cklite snapshotter (its lend.go); they
+// reach the backend because they start with containerd.io/snapshot/.
+const (
+	// LabelUpperOf, on a Prepare, asks that the new active snapshot borrow the upper directory
+	// (the label's value) of an active snapshot on the same parent.
+	LabelUpperOf = "containerd.io/snapshot/cklite.io/upper-of"
+	// LabelHandOver, set by an Update on a lender, gives its upper directory to the borrower.
+	LabelHandOver = "containerd.io/snapshot/cklite.io/hand-over"
 )
 
 // leaseExpiry bounds how long the layers of a freeze whose caller died stay protected.

@@ -90,15 +90,32 @@ func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm lea
 		return Switched{}, err
 	}
 	fault.Point(fault.SwitchPrepared)
-	if _, err := cs.Update(ctx, containers.Container{ID: id, SnapshotKey: sw.Key}, "snapshotkey"); err != nil {
-		if rerr := sn.Remove(context.WithoutCancel(ctx), sw.Key); rerr != nil {
-			log.G(ctx).WithError(rerr).WithField("key", sw.Key).Warn("remove the fresh rootfs snapshot of a failed switch (its lease frees it)")
-		}
-		return Switched{}, fmt.Errorf("switch the rootfs of container %s to %s: update the container: %w", id, sw.Key, err)
+	if err := repoint(ctx, sn, cs, id, old, sw.Key); err != nil {
+		return Switched{}, err
 	}
 	fault.Point(fault.SwitchUpdated)
 	removeReplaced(ctx, sn, sw.Key, old)
 	return sw, nil
+}
+
+// repoint points container id's record from the snapshot key old to key, which exists:
+// containerd's Update of the field path "snapshotkey", one transaction. A failed update is checked
+// by reading the record again (a containerd that died after its transaction committed has
+// moved it); if the record still names old, key is removed (its lease would free it), and if it
+// cannot be read, key is left to its lease: the record may name it.
+func repoint(ctx context.Context, sn snapshots.Snapshotter, cs Containers, id, old, key string) error {
+	_, err := cs.Update(ctx, containers.Container{ID: id, SnapshotKey: key}, "snapshotkey")
+	if err == nil {
+		return nil
+	}
+	c, gerr := cs.Get(ctx, id)
+	switch {
+	case gerr == nil && c.SnapshotKey == key:
+		return nil
+	case gerr == nil && c.SnapshotKey == old:
+		removeQuietly(ctx, sn, key, "the fresh rootfs snapshot of a failed switch")
+	}
+	return fmt.Errorf("switch the rootfs of container %s to %s: update the container: %w", id, key, err)
 }
 
 // removeReplaced removes old, the key that current replaced, if it is still there. A failure is

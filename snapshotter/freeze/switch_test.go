@@ -14,10 +14,10 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/containerd/v2/plugins/snapshots/native"
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/cklite/cklite/snapshotter/freeze/freezetest"
 )
 
 // meta is containerd's own metadata store (the one that decides what its collector frees) over a
@@ -35,24 +35,11 @@ const gcRoot = "containerd.io/gc.root"
 func newMeta(t *testing.T) (context.Context, meta) {
 	t.Helper()
 	ctx := namespaces.WithNamespace(context.Background(), "test")
-	dir := t.TempDir()
-	nsn, err := native.NewSnapshotter(filepath.Join(dir, "native"))
+	nsn, err := native.NewSnapshotter(filepath.Join(t.TempDir(), "native"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cstore, err := local.NewStore(filepath.Join(dir, "content"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bdb, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bdb.Close() })
-	db := metadata.NewDB(bdb, cstore, map[string]snapshots.Snapshotter{"native": nsn})
-	if err := db.Init(ctx); err != nil {
-		t.Fatal(err)
-	}
+	db := freezetest.MetaDB(ctx, t, "native", nsn)
 	m := meta{db: db, sn: db.Snapshotter("native"), cs: metadata.NewContainerStore(db), lm: metadata.NewLeaseManager(db)}
 	for _, layer := range []struct{ name, parent string }{{"base", ""}, {"frozen", "base"}} {
 		if _, err := m.sn.Prepare(ctx, layer.name+"-active", layer.parent); err != nil {

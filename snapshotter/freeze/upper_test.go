@@ -1,4 +1,4 @@
-package capture
+package freeze
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-func TestUpperOf(t *testing.T) {
+func TestUpperDir(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		mounts []mount.Mount
@@ -20,15 +20,15 @@ func TestUpperOf(t *testing.T) {
 		{name: "several mounts", mounts: []mount.Mount{{Type: "bind", Source: "/a"}, {Type: "bind", Source: "/b"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := upperOf("k", tc.mounts)
+			got, err := UpperDir("k", tc.mounts)
 			if tc.want == "" {
 				if !errdefs.IsNotImplemented(err) {
-					t.Fatalf("upperOf = %q, %v; want a NotImplemented error", got, err)
+					t.Fatalf("UpperDir = %q, %v; want a NotImplemented error", got, err)
 				}
 				return
 			}
 			if err != nil || got != tc.want {
-				t.Fatalf("upperOf = %q, %v; want %q", got, err, tc.want)
+				t.Fatalf("UpperDir = %q, %v; want %q", got, err, tc.want)
 			}
 		})
 	}

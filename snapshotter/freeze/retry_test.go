@@ -1,4 +1,4 @@
-package shim
+package freeze
 
 import (
 	"context"
@@ -27,7 +27,7 @@ func TestRetryUnavailable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			calls := 0
-			err := retryUnavailable(context.Background(), time.Minute, func() error {
+			err := RetryUnavailable(context.Background(), time.Minute, func() error {
 				calls++
 				return tc.errs[min(calls, len(tc.errs))-1]
 			})
@@ -41,7 +41,7 @@ func TestRetryUnavailable(t *testing.T) {
 // TestRetryUnavailableGivesUp: a daemon that does not come back fails the switch after the limit.
 func TestRetryUnavailableGivesUp(t *testing.T) {
 	calls := 0
-	err := retryUnavailable(context.Background(), 300*time.Millisecond, func() error {
+	err := RetryUnavailable(context.Background(), 300*time.Millisecond, func() error {
 		calls++
 		return errdefs.ErrUnavailable
 	})
