@@ -25,10 +25,7 @@ func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string)
 		if len(args) > 0 {
 			return usageError("checkpoint ls takes no arguments, got %q", args)
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}

@@ -41,10 +41,7 @@ func execFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		case !*list && (out.quiet || out.json()):
 			return usageError("-q and --format json go with --list (a command's output is its own)")
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}

@@ -17,10 +17,7 @@ func checkpointImportFlags(fs *flag.FlagSet) func(context.Context, *cli, []strin
 		if len(args) != 1 {
 			return usageError("checkpoint import takes one archive, got %q", args)
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}

@@ -84,6 +84,15 @@ func (c *cli) connect(context.Context) (*ckclient.Client, error) {
 	return cl, nil
 }
 
+// open checks the output flags out, then connects: the start of every command that prints its
+// result.
+func (c *cli) open(ctx context.Context, out *output) (*ckclient.Client, error) {
+	if err := out.check(); err != nil {
+		return nil, err
+	}
+	return c.connect(ctx)
+}
+
 // containerd returns a client of containerd and ctx in the namespace of the global options.
 func (c *cli) containerd(ctx context.Context) (*client.Client, context.Context, error) {
 	cl, err := c.connect(ctx)

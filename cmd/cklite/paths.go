@@ -24,10 +24,7 @@ func pathsFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		if len(args) > 0 {
 			return usageError("paths takes no arguments, got %q", args)
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}

@@ -27,10 +27,7 @@ func podCheckpointFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) 
 		if len(args) != 1 {
 			return usageError("want one POD (sandbox id or prefix, NAME or NAMESPACE/NAME)")
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}
@@ -58,10 +55,7 @@ func podListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error 
 		if len(args) > 0 {
 			return usageError("pod ls takes no arguments, got %q", args)
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}
@@ -102,10 +96,7 @@ func podRestoreCommand(fs *flag.FlagSet, restore func(*ckclient.Client, context.
 		if len(args) != 1 {
 			return usageError("want one POD-CHECKPOINT (id or unique id prefix)")
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}
@@ -132,10 +123,7 @@ func podRemoveFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) erro
 		if len(args) == 0 {
 			return usageError("want POD-CHECKPOINT... (ids or unique id prefixes)")
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}

@@ -26,10 +26,7 @@ func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string
 		if len(args) > 0 {
 			return usageError("checkpoint prune takes no arguments, got %q", args)
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}

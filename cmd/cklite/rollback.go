@@ -16,10 +16,7 @@ func rollbackFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error
 		if len(args) < 1 || len(args) > 2 || (len(args) == 1 && opts.ImagePath == "") {
 			return usageError("want CONTAINER and CHECKPOINT, or CONTAINER and --image-path")
 		}
-		if err := out.check(); err != nil {
-			return err
-		}
-		cl, err := cli.connect(ctx)
+		cl, err := cli.open(ctx, out)
 		if err != nil {
 			return err
 		}
