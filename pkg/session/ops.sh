@@ -70,6 +70,21 @@ ensure() {
 	rmdir "$lock"
 }
 
+# settled waits until call $1 has its status, or the shell that ran it is gone: a command that
+# ends the shell (exit N) reports its status from the shell's EXIT trap, which dash runs after
+# letting go of the call's output FIFOs, so the FIFOs' end does not mean the status is written.
+# Bounded (5 s): a shell killed without its trap leaves no status, and may stay a zombie.
+settled() {
+	read -r spid <"$d/pid" 2>/dev/null || return 0
+	n=0
+	while [ ! -s "$d/$1.status" ] && [ $n -lt 500 ] && [ -r "/proc/$spid/stat" ]; do
+		read -r _ _ state _ <"/proc/$spid/stat" 2>/dev/null || return 0
+		[ "$state" != Z ] || return 0
+		n=$((n + 1))
+		sleep 0.01
+	done
+}
+
 run() {
 	id=$1
 	ensure "$2"
@@ -89,6 +104,7 @@ run() {
 	echo "$id" >"$d/in"
 	wait $o
 	wait $e
+	settled "$id"
 	st=
 	[ -s "$d/$id.status" ] && read -r st <"$d/$id.status"
 	rm -f "$d/$id.cmd" "$d/$id.out" "$d/$id.err" "$d/$id.status"
