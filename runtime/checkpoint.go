@@ -79,6 +79,7 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	// cgroup itself, with its own, longer, timeout.
 	thaw := !c.Paused() && c.Pause() == nil
 	err = wrap("checkpoint", c.lc.Checkpoint(opts))
+	learnCRIUVersion(c.lc)
 	if err == nil {
 		fault.Point(fault.ShimAfterDump)
 	}
@@ -123,6 +124,7 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 	c.guard.drop()
 	w := c.watchRestore(ctx, opts.WorkDirectory, lim)
 	err = c.lc.Restore(p, opts)
+	learnCRIUVersion(c.lc)
 	if cause := w.stop(); cause != nil {
 		// Whatever CRIU restored before it was killed (a restorer looping on a short page file
 		// outlives CRIU) or by the time it finished goes too.
@@ -142,6 +144,7 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 	if err != nil {
 		return wrap("reload restored container", err)
 	}
+	giveCRIUVersion(lc)
 	c.lc = lc
 	return c.guard.hold(c.InitPid())
 }

@@ -31,6 +31,7 @@ func Create(root, id string, cfg *configs.Config) (*Container, error) {
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("create container %s (cgroup %s)", id, cgroupPath(cfg)), err)
 	}
+	giveCRIUVersion(lc)
 	return &Container{lc: lc, root: root, guard: newInitGuard()}, nil
 }
 
@@ -40,6 +41,7 @@ func Load(root, id string) (*Container, error) {
 	if err != nil {
 		return nil, wrap("load container "+id, err)
 	}
+	giveCRIUVersion(lc)
 	c := &Container{lc: lc, root: root, guard: newInitGuard()}
 	if st, err := lc.Status(); err == nil && st != libcontainer.Stopped {
 		// Best effort: a container loaded to be deleted needs no exec.

@@ -58,6 +58,9 @@ type container struct {
 	// checkpoint or rollback holds it from its first check to its last step, and a call that
 	// arrives meanwhile waits for it (see doc.go).
 	lifecycle lifecycleLock
+	// finishing is the work a rollback left for after its answer (the replaced rootfs key's
+	// removal): the container's delete waits for it.
+	finishing sync.WaitGroup
 	// newEngine creates the engine for a configuration (createEngine; a fake in unit tests).
 	newEngine func(adjust func(*configs.Config) error) (engine, error)
 

@@ -43,6 +43,15 @@ type inPlace struct {
 	restoreAnyway bool
 	// exit leaves the task stopped once the rootfs is switched (Checkpoint with Exit).
 	exit bool
+	// t, if set, times the cycle's steps for the caller's log line.
+	t *steps
+}
+
+// mark ends the step name of the caller's steps, if it times them.
+func (ip *inPlace) mark(name string) {
+	if ip.t != nil {
+		ip.t.mark(name)
+	}
 }
 
 // inPlaceResult is how the cycle ended: switched is switchRootfs's (or the teardown's) failure,
@@ -61,6 +70,7 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 		return inPlaceResult{}, err
 	}
 	defer held.Close()
+	ip.mark("hold")
 	eng := c.engine()
 	paused := eng.Paused()
 	pid := c.init.getPid()
@@ -77,16 +87,20 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	}
 	code := ip.stoppedExit(ctx, exited)
 	stopped := time.Since(start)
+	ip.mark("kill")
 	// The rootfs is about to get another upper: the last capture recorded this one.
 	c.captured = nil
 
 	var res inPlaceResult
 	res.switched = eng.Destroy()
+	ip.mark("destroy")
 	if res.switched == nil {
 		res.switched = c.unmountRootfs(ctx)
+		ip.mark("unmount")
 	}
 	if res.switched == nil {
 		res.switched = ip.switchRootfs(ctx)
+		ip.mark("switch")
 	}
 	switched := time.Since(start) - stopped
 	exits := ip.exit && res.switched == nil // what the client asked for
@@ -104,6 +118,7 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	}
 	held.execs.settle(ip.s, c)
 	c.init.endHandover()
+	ip.mark("started")
 	if exits || res.stopped != nil {
 		ip.s.initExited(c, c.init, pid, code)
 		return res, nil
@@ -146,6 +161,7 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 	if err := ip.remount(ctx); err != nil {
 		return err
 	}
+	ip.mark("mount")
 	eng, err := c.newEngine(func(cfg *configs.Config) error {
 		// The container's hooks ran when it was created; run again, a CNI hook would add a
 		// second interface to the namespace that still has the first.
@@ -167,6 +183,7 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 	if err != nil {
 		return err
 	}
+	ip.mark("engine")
 	lp, err := runtime.NewProcess(c.init.spec)
 	if err != nil {
 		return err
@@ -186,8 +203,10 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 		// or Delete still ends it.
 		limits = runtime.RestoreLimits{}
 	}
+	ip.mark("stdio")
 	err = eng.Restore(rctx, lp, ip.restore, limits)
 	end()
+	ip.mark("restore")
 	if err != nil {
 		_ = eng.Destroy()
 		return keepRestoreLog(c.bundle, ip.restore.WorkPath, err)

@@ -183,19 +183,40 @@ func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta chec
 	if err != nil {
 		return freeze.Switched{}, err
 	}
-	if rs.key == "" {
-		return freeze.Switched{}, fmt.Errorf("checkpoint %s holds a filesystem, but container %s has no rootfs snapshot to restore it into: %w", meta.ID, id, errdefs.ErrFailedPrecondition)
-	}
-	if rs.snapshotter != meta.Snapshotter {
-		return freeze.Switched{}, fmt.Errorf("checkpoint %s's filesystem is in snapshotter %q, container %s uses %q: %w", meta.ID, meta.Snapshotter, id, rs.snapshotter, errdefs.ErrFailedPrecondition)
-	}
-	sn, err := s.daemon.snapshotter(rs.snapshotter)
+	sn, err := s.restoreSnapshotter(ctx, rs, id, meta)
 	if err != nil {
 		return freeze.Switched{}, err
 	}
-	if err := s.frozenLayerExists(ctx, sn, meta); err != nil {
+	sw, err := s.switchRootfs(ctx, sn, id, meta, nil)
+	if err != nil {
 		return freeze.Switched{}, err
 	}
+	sw.Finish(ctx)
+	return sw, nil
+}
+
+// restoreSnapshotter checks that container id, whose rootfs rs is, can take checkpoint meta's
+// filesystem and returns the snapshotter that holds both.
+func (s *service) restoreSnapshotter(ctx context.Context, rs rootfsSnapshot, id string, meta checkpoint.Meta) (snapshots.Snapshotter, error) {
+	if rs.key == "" {
+		return nil, fmt.Errorf("checkpoint %s holds a filesystem, but container %s has no rootfs snapshot to restore it into: %w", meta.ID, id, errdefs.ErrFailedPrecondition)
+	}
+	if rs.snapshotter != meta.Snapshotter {
+		return nil, fmt.Errorf("checkpoint %s's filesystem is in snapshotter %q, container %s uses %q: %w", meta.ID, meta.Snapshotter, id, rs.snapshotter, errdefs.ErrFailedPrecondition)
+	}
+	sn, err := s.daemon.snapshotter(rs.snapshotter)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.frozenLayerExists(ctx, sn, meta); err != nil {
+		return nil, err
+	}
+	return sn, nil
+}
+
+// switchRootfs stacks container id's rootfs on checkpoint meta's frozen layer in sn, setting the
+// container's labels in labels in the same update (freeze.Switch); the caller finishes the switch.
+func (s *service) switchRootfs(ctx context.Context, sn snapshots.Snapshotter, id string, meta checkpoint.Meta, labels map[string]string) (freeze.Switched, error) {
 	cs, err := s.daemon.containers()
 	if err != nil {
 		return freeze.Switched{}, err
@@ -206,7 +227,7 @@ func (s *service) rootfsForRestore(ctx context.Context, ns, id string, meta chec
 	}
 	var sw freeze.Switched
 	err = freeze.RetryUnavailable(ctx, freeze.RetryLimit, func() (err error) {
-		sw, err = freeze.Switch(ctx, sn, cs, lm, id, meta.Frozen)
+		sw, err = freeze.Switch(ctx, sn, cs, lm, id, meta.Frozen, labels)
 		return err
 	})
 	if err != nil {

@@ -184,7 +184,7 @@ func (fr *frozenRootfs) move(ctx context.Context) error {
 		removeQuietly(ctx, fr.sn, fr.name, "the layer of a failed freeze")
 		return err
 	}
-	if err := step(ctx, func() error { return repoint(ctx, fr.sn, fr.cs, fr.id, fr.key, sw.Key) }); err != nil {
+	if err := step(ctx, func() error { return repoint(ctx, fr.sn, fr.cs, fr.id, fr.key, sw.Key, nil) }); err != nil {
 		removeQuietly(ctx, fr.sn, fr.name, "the layer of a failed freeze")
 		return err
 	}
@@ -222,7 +222,7 @@ func (fr *frozenRootfs) rename(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("freeze the rootfs of container %s: it is on %s, preparing %s again failed: %w", fr.id, fr.fresh, fr.key, err)
 	}
-	if err := step(ctx, func() error { return repoint(ctx, fr.sn, fr.cs, fr.id, fr.fresh, fr.key) }); err != nil {
+	if err := step(ctx, func() error { return repoint(ctx, fr.sn, fr.cs, fr.id, fr.fresh, fr.key, nil) }); err != nil {
 		return err
 	}
 	fr.on = fr.key

@@ -26,7 +26,8 @@ import (
 //  1. Prepare a fresh key on the new parent, under a lease, with the old key's labels;
 //  2. Update the container record's SnapshotKey to the fresh key (containerd's fieldpath
 //     "snapshotkey"): the atomic step;
-//  3. Remove the old key.
+//  3. Remove the old key (Switched.Finish, which the caller may run once it has answered: a
+//     rollback's restore does not wait for it).
 //
 // A crash before 2 leaves the container on its old key and a fresh key that only the lease holds:
 // containerd's collector frees it when the lease expires. A crash between 2 and 3 leaves the
@@ -52,14 +53,34 @@ type Containers interface {
 type Switched struct {
 	Key    string
 	Mounts []mount.Mount
+
+	sn       snapshots.Snapshotter
+	replaced []string // the keys Finish removes: the container's former key, and the one it replaced
+	done     func()   // ends the switch's lease
+}
+
+// Finish ends a switch: it removes the keys the container's former key replaced and that key
+// itself, and ends the lease that held the fresh key until the container referred to it. A
+// failure is only logged: nothing refers to them, the collector frees them (once the lease
+// expires), and the next switch removes them (LabelReplaces). Nothing waits on it but the
+// collector: a rollback runs it after its answer.
+func (sw Switched) Finish(ctx context.Context) {
+	for _, old := range sw.replaced {
+		removeReplaced(ctx, sw.sn, sw.Key, old)
+	}
+	if sw.done != nil {
+		sw.done()
+	}
 }
 
 // Switch moves container id's rootfs to a fresh active snapshot of sn (the container's
-// snapshotter) on the committed snapshot parent, with the labels of its current one, and removes
-// the current one. lm makes the lease that holds the fresh key until the container refers to it;
-// it may be nil when ctx carries a lease. The caller keeps the container's rootfs unmounted and
-// its task stopped meanwhile; what was written to the old key since parent is discarded.
-func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm leases.Manager, id, parent string) (Switched, error) {
+// snapshotter) on the committed snapshot parent, with the labels of its current one; the
+// container's labels in labels are set in the same update of its record (a rollback's lineage:
+// one transaction of containerd's, not two). The current key is removed by the returned
+// Switched's Finish. lm makes the lease that holds the fresh key until the container refers to
+// it; it may be nil when ctx carries a lease. The caller keeps the container's rootfs unmounted
+// and its task stopped meanwhile; what was written to the old key since parent is discarded.
+func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm leases.Manager, id, parent string, labels map[string]string) (_ Switched, retErr error) {
 	ctr, err := cs.Get(ctx, id)
 	if err != nil {
 		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
@@ -73,38 +94,50 @@ func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm lea
 		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
 	}
 	// A key already lost (a crash before switches existed) gets a new one all the same.
-	removeReplaced(ctx, sn, old, info.Labels[LabelReplaces])
-	labels := maps.Clone(info.Labels)
-	if labels == nil {
-		labels = map[string]string{}
+	replaced := []string{old}
+	if prev := info.Labels[LabelReplaces]; prev != "" {
+		replaced = []string{prev, old} // left by a switch whose Finish did not run
 	}
-	labels[LabelReplaces] = old
+	snLabels := maps.Clone(info.Labels)
+	if snLabels == nil {
+		snLabels = map[string]string{}
+	}
+	snLabels[LabelReplaces] = old
 
 	ctx, done, err := leased(ctx, lm)
 	if err != nil {
 		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
 	}
-	defer done()
-	sw, err := prepareFresh(ctx, sn, id, parent, labels)
+	defer func() {
+		if retErr != nil {
+			done()
+		}
+	}()
+	sw, err := prepareFresh(ctx, sn, id, parent, snLabels)
 	if err != nil {
 		return Switched{}, err
 	}
 	fault.Point(fault.SwitchPrepared)
-	if err := repoint(ctx, sn, cs, id, old, sw.Key); err != nil {
+	if err := repoint(ctx, sn, cs, id, old, sw.Key, labels); err != nil {
 		return Switched{}, err
 	}
 	fault.Point(fault.SwitchUpdated)
-	removeReplaced(ctx, sn, sw.Key, old)
+	sw.sn, sw.replaced, sw.done = sn, replaced, done
 	return sw, nil
 }
 
-// repoint points container id's record from the snapshot key old to key, which exists:
-// containerd's Update of the field path "snapshotkey", one transaction. A failed update is checked
+// repoint points container id's record from the snapshot key old to key, which exists, and sets
+// its labels in labels: containerd's Update of the field paths "snapshotkey" and "labels.<name>",
+// one transaction. A failed update is checked
 // by reading the record again (a containerd that died after its transaction committed has
 // moved it); if the record still names old, key is removed (its lease would free it), and if it
 // cannot be read, key is left to its lease: the record may name it.
-func repoint(ctx context.Context, sn snapshots.Snapshotter, cs Containers, id, old, key string) error {
-	_, err := cs.Update(ctx, containers.Container{ID: id, SnapshotKey: key}, "snapshotkey")
+func repoint(ctx context.Context, sn snapshots.Snapshotter, cs Containers, id, old, key string, labels map[string]string) error {
+	paths := []string{"snapshotkey"}
+	for name := range labels {
+		paths = append(paths, "labels."+name)
+	}
+	_, err := cs.Update(ctx, containers.Container{ID: id, SnapshotKey: key, Labels: labels}, paths...)
 	if err == nil {
 		return nil
 	}

@@ -150,14 +150,17 @@ func TestSwitchCrash(t *testing.T) {
 	}{
 		{"", "frozen", false},
 		{"prepare", "base", true},
-		{"update", "frozen", false},
+		{"update", "frozen", false}, // Finish's removal finds the switch dead
 	} {
 		t.Run("crash after "+tc.crash, func(t *testing.T) {
 			ctx, m := newMeta(t)
 			c := &crashAt{step: tc.crash}
-			sw, serr := Switch(ctx, crashSnapshotter{m.sn, c}, crashContainers{m.cs, c}, crashLeases{m.lm, c}, "c1", "frozen")
+			sw, serr := Switch(ctx, crashSnapshotter{m.sn, c}, crashContainers{m.cs, c}, crashLeases{m.lm, c}, "c1", "frozen", nil)
 			if (serr != nil) != tc.wantErr {
 				t.Fatalf("switch: %v, want an error: %v", serr, tc.wantErr)
+			}
+			if serr == nil {
+				sw.Finish(ctx)
 			}
 			key := rootfsOf(ctx, t, m)
 			info, err := m.sn.Stat(ctx, key)
@@ -194,18 +197,21 @@ func TestSwitchCrash(t *testing.T) {
 func TestSwitchRepeated(t *testing.T) {
 	ctx, m := newMeta(t)
 	c := &crashAt{step: "update"}
-	if _, err := Switch(ctx, crashSnapshotter{m.sn, c}, crashContainers{m.cs, c}, crashLeases{m.lm, c}, "c1", "frozen"); err != nil {
+	sw, err := Switch(ctx, crashSnapshotter{m.sn, c}, crashContainers{m.cs, c}, crashLeases{m.lm, c}, "c1", "frozen", nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	sw.Finish(ctx)
 	if _, err := m.sn.Stat(ctx, "c1"); err != nil {
 		t.Fatalf("the switch that died after the update left no c1 to remove: %v", err)
 	}
 	for i, parent := range []string{"base", "frozen", "base"} {
 		before := rootfsOf(ctx, t, m)
-		sw, err := Switch(ctx, m.sn, m.cs, m.lm, "c1", parent)
+		sw, err := Switch(ctx, m.sn, m.cs, m.lm, "c1", parent, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		sw.Finish(ctx)
 		info, err := m.sn.Stat(ctx, sw.Key)
 		if err != nil || info.Parent != parent || info.Labels[LabelReplaces] != before || info.Labels["app"] != "counter" {
 			t.Fatalf("switch %d: %s is %+v (%v), want it on %s replacing %s", i, sw.Key, info, err, parent, before)
@@ -217,6 +223,49 @@ func TestSwitchRepeated(t *testing.T) {
 			t.Fatalf("switch %d: snapshots %v, want base, frozen and %s", i, got, sw.Key)
 		}
 	}
+}
+
+// TestSwitchFinishLater: until Finish, the container's former key stays (nothing refers to it)
+// and the switch's lease holds; the labels given are set with the key, in one update; Finish
+// removes the former key and ends the lease.
+func TestSwitchFinishLater(t *testing.T) {
+	ctx, m := newMeta(t)
+	c := &countingContainers{Store: m.cs}
+	sw, err := Switch(ctx, m.sn, c, m.lm, "c1", "frozen", map[string]string{"cklite.io/lineage": "a,b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr, err := m.cs.Get(ctx, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctr.SnapshotKey != sw.Key || ctr.Labels["cklite.io/lineage"] != "a,b" || c.updates != 1 {
+		t.Fatalf("container after the switch: key %s, labels %v, %d updates; want key %s, the lineage, one update", ctr.SnapshotKey, ctr.Labels, c.updates, sw.Key)
+	}
+	if got := snapshotKeys(ctx, t, m); !slices.Equal(got, sorted("base", "c1", "frozen", sw.Key)) {
+		t.Fatalf("before Finish: snapshots %v, want c1 still there", got)
+	}
+	if l, err := m.lm.List(ctx); err != nil || len(l) != 1 {
+		t.Fatalf("before Finish: leases %v (%v), want the switch's", l, err)
+	}
+	sw.Finish(ctx)
+	if got := snapshotKeys(ctx, t, m); !slices.Equal(got, sorted("base", "frozen", sw.Key)) {
+		t.Fatalf("after Finish: snapshots %v, want c1 removed", got)
+	}
+	if l, err := m.lm.List(ctx); err != nil || len(l) != 0 {
+		t.Fatalf("after Finish: leases %v (%v), want none", l, err)
+	}
+}
+
+// countingContainers counts the updates of the container store.
+type countingContainers struct {
+	containers.Store
+	updates int
+}
+
+func (s *countingContainers) Update(ctx context.Context, ctr containers.Container, fieldpaths ...string) (containers.Container, error) {
+	s.updates++
+	return s.Store.Update(ctx, ctr, fieldpaths...)
 }
 
 func rootfsOf(ctx context.Context, t *testing.T, m meta) string {
