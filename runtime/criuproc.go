@@ -1,38 +1,32 @@
 package runtime
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cklite/cklite/pkg/criuwrap"
 )
 
 // A CRIU process must not outlive the shim that started it: a dump orphaned by a killed shim
 // keeps the container's processes ptrace-held, a restore orphan blocks forever on its broken RPC
 // socket, and neither is ever reaped (issue 16 item 3). libcontainer runs CRIU as "criu" from
 // PATH with no way to set the child's attributes, so the shim puts a "criu" of its own first in
-// PATH: its own binary, which as "criu" sets a parent-death signal and executes the real CRIU
-// (the signal survives the exec). What a shim killed before this existed left behind is ended
-// by EndCRIUOrphans when the container is cleaned up or created again.
-
-// Environment of the wrapper: the real CRIU, and the pid of the shim that must outlive it.
-const (
-	criuRealEnv   = "CKLITE_CRIU"
-	criuParentEnv = "CKLITE_CRIU_PARENT"
-	criuName      = "criu"
-)
+// PATH: the wrapper (pkg/criuwrap, in the static cklite-exec-helper), which sets a parent-death
+// signal and executes the real CRIU (the signal survives the exec). What a shim killed before
+// this existed left behind is ended by EndCRIUOrphans when the container is cleaned up or
+// created again.
 
 // InstallCRIUWrapper makes every later "criu" run by this process (libcontainer's included) the
-// wrapper: dir gets a "criu" link to this binary and goes first in PATH.
-func InstallCRIUWrapper(dir string) error {
-	real, err := exec.LookPath(criuName)
+// wrapper, whose binary is wrapper: dir gets a "criu" link to it and goes first in PATH.
+func InstallCRIUWrapper(dir, wrapper string) error {
+	real, err := exec.LookPath(criuwrap.Name)
 	if err != nil {
 		return nil // findCRIU names the problem when a checkpoint needs CRIU
 	}
@@ -42,57 +36,28 @@ func InstallCRIUWrapper(dir string) error {
 	if dir, err = filepath.Abs(dir); err != nil { // PATH must not hold relative entries
 		return err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("the shim's own binary: %w", err)
-	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("CRIU wrapper directory: %w", err)
 	}
-	link := filepath.Join(dir, criuName)
+	link := filepath.Join(dir, criuwrap.Name)
 	tmp := link + ".tmp"
 	_ = os.Remove(tmp)
-	if err := os.Symlink(self, tmp); err != nil {
+	if err := os.Symlink(wrapper, tmp); err != nil {
 		return fmt.Errorf("CRIU wrapper: %w", err)
 	}
 	if err := os.Rename(tmp, link); err != nil {
 		return fmt.Errorf("CRIU wrapper: %w", err)
 	}
 	for k, v := range map[string]string{
-		criuRealEnv:   real,
-		criuParentEnv: strconv.Itoa(os.Getpid()),
-		"PATH":        dir + string(os.PathListSeparator) + os.Getenv("PATH"),
+		criuwrap.RealEnv:   real,
+		criuwrap.ParentEnv: strconv.Itoa(os.Getpid()),
+		"PATH":             dir + string(os.PathListSeparator) + os.Getenv("PATH"),
 	} {
 		if err := os.Setenv(k, v); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// IsCRIUWrapper reports whether this process was started as the wrapper.
-func IsCRIUWrapper() bool {
-	return filepath.Base(os.Args[0]) == criuName && os.Getenv(criuRealEnv) != ""
-}
-
-// RunCRIUWrapper is the wrapper's whole life: parent-death signal, then the real CRIU in its
-// place. It returns only on failure.
-func RunCRIUWrapper() error {
-	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
-		return fmt.Errorf("criu wrapper: set parent-death signal: %w", err)
-	}
-	// The shim may have died before the signal was set: then nothing would ever send it.
-	if parent := os.Getenv(criuParentEnv); parent != "" && parent != strconv.Itoa(os.Getppid()) {
-		return errors.New("criu wrapper: the shim that started CRIU is gone")
-	}
-	real := os.Getenv(criuRealEnv)
-	env := make([]string, 0, len(os.Environ()))
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, criuRealEnv+"=") && !strings.HasPrefix(kv, criuParentEnv+"=") {
-			env = append(env, kv)
-		}
-	}
-	return syscall.Exec(real, append([]string{real}, os.Args[1:]...), env)
 }
 
 // EndCRIUOrphans kills every CRIU process that ptrace-holds one of pids (a dump's victims) or
@@ -135,7 +100,7 @@ func EndCRIUOrphans(pids []int, dirs []string) ([]int, error) {
 
 func isCRIU(pid int) bool {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	return err == nil && filepath.Base(strings.TrimSuffix(exe, " (deleted)")) == criuName
+	return err == nil && filepath.Base(strings.TrimSuffix(exe, " (deleted)")) == criuwrap.Name
 }
 
 // tracerOf is the pid ptrace-attached to pid, or 0.

@@ -10,13 +10,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cklite/cklite/pkg/criuwrap"
 )
 
 // TestMain lets this test binary play the two other processes of TestCRIUDiesWithShim: the
 // wrapper (run as "criu") and a shim that starts "criu" and is then killed.
 func TestMain(m *testing.M) {
-	if IsCRIUWrapper() {
-		err := RunCRIUWrapper()
+	if criuwrap.Is() {
+		err := criuwrap.Run()
 		println(err.Error())
 		os.Exit(1)
 	}
@@ -29,7 +31,12 @@ func TestMain(m *testing.M) {
 // fakeShim installs the wrapper in dir, starts "criu 1000" from PATH, prints its pid and waits
 // to be killed.
 func fakeShim(dir string) int {
-	if err := InstallCRIUWrapper(dir); err != nil {
+	self, err := os.Executable()
+	if err != nil {
+		println(err.Error())
+		return 1
+	}
+	if err := InstallCRIUWrapper(dir, self); err != nil {
 		println(err.Error())
 		return 1
 	}

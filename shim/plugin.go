@@ -7,6 +7,7 @@ import (
 	"github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
 
+	"github.com/cklite/cklite/pkg/exechelper"
 	"github.com/cklite/cklite/runtime"
 )
 
@@ -26,7 +27,11 @@ func Register() {
 				return nil, err
 			}
 			// The serving shim runs in the bundle: CRIU's wrapper lives there (see criuproc.go).
-			if err := runtime.InstallCRIUWrapper(".cklite-criu"); err != nil {
+			wrapper, err := exechelper.Path()
+			if err != nil {
+				return nil, err
+			}
+			if err := runtime.InstallCRIUWrapper(".cklite-criu", wrapper); err != nil {
 				return nil, err
 			}
 			return newService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), ic.Properties[plugins.PropertyGRPCAddress])

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	goruntime "runtime"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	_ "github.com/opencontainers/runc/libcontainer/nsenter" // nsexec runs before Go in "init"
 
-	"github.com/cklite/cklite/runtime"
 	cklite "github.com/cklite/cklite/shim"
 )
 
@@ -24,12 +22,6 @@ func init() {
 	// thread's namespaces are what /proc/self names: on it, the shim took a container's mount
 	// namespace for the host's (the exec guard refused every exec, Stats found no cgroup mount).
 	goruntime.LockOSThread()
-	// Run by libcontainer as "criu": the wrapper that ties CRIU's life to the shim's.
-	if runtime.IsCRIUWrapper() {
-		err := runtime.RunCRIUWrapper()
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 	// The container init must not run the shim's setup: it is libcontainer's, from here on.
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init()

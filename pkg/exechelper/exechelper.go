@@ -40,7 +40,7 @@ func Path() (string, error) {
 	}
 	p, err := exec.LookPath(Name)
 	if err != nil {
-		return "", fmt.Errorf("%s, which starts execs in the container's process tree, is neither next to the shim nor on PATH: %w", Name, err)
+		return "", fmt.Errorf("%s, which starts execs in the container's process tree and runs CRIU, is neither next to the shim nor on PATH: %w", Name, err)
 	}
 	return p, nil
 }
