@@ -215,7 +215,9 @@ func TestExtractBad(t *testing.T) {
 		files map[string]string // tar entries; "" name: none
 		// damage changes the blob's descriptor or, stored in root, the blob.
 		damage func(d *ocispec.Descriptor, root string) error
-		want   string
+		// onParent extracts the blob as the top of a chain, on a valid parent blob.
+		onParent bool
+		want     string
 	}{
 		{name: "not cklite", files: map[string]string{"inventory.img": "x"}, want: "not a cklite checkpoint"},
 		{name: "missing", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, _ string) error {
@@ -237,6 +239,8 @@ func TestExtractBad(t *testing.T) {
 		{name: "escape", files: map[string]string{"../evil": "x"}, want: "leaves the directory"},
 		{name: "absolute", files: map[string]string{"/evil": "x"}, want: "leaves the directory"},
 		{name: "no inventory", files: map[string]string{checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}, want: "not a CRIU image directory"},
+		{name: "own parent link", onParent: true, want: "which names the parent image directory", files: map[string]string{
+			"inventory.img": "x", checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`, criuimage.ParentLink: "../elsewhere"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
@@ -263,13 +267,22 @@ func TestExtractBad(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			chain := []ocispec.Descriptor{desc}
+			if tc.onParent {
+				parent, err := writeMemory(ctx, cs, criuDir(t, "p"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				chain = append(parent, desc)
+			}
 			cache := t.TempDir()
-			_, err := ckimage.Extract(ctx, cs, []ocispec.Descriptor{desc}, cache)
+			_, err := ckimage.Extract(ctx, cs, chain, cache)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Extract: %v, want an error saying %q", err, tc.want)
 			}
-			if entries, _ := os.ReadDir(cache); len(entries) != 0 {
-				t.Errorf("a failed extract left %d entries in the cache", len(entries))
+			// The valid parent stays extracted; nothing else.
+			if entries, _ := os.ReadDir(cache); len(entries) != len(chain)-1 {
+				t.Errorf("a failed extract left %d entries in the cache, want %d", len(entries), len(chain)-1)
 			}
 		})
 	}
