@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
 // rollbackInPlace rolls a running (or paused) task back to the checkpoint in the image directory
@@ -59,12 +60,27 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 			return nil
 		},
 	}
-	finish := s.rollbackSwitch(ctx, c, ip, meta)
+	lineage := map[string]string{checkpoint.LineageKey: checkpoint.Descend(meta.ID, checkpoint.ParseLineage(meta.Lineage)).String()}
+	var sw freeze.Switched
+	ip.switchRootfs = func(ctx context.Context) error {
+		if !meta.Contents.HasFS() {
+			return nil // a memory-only checkpoint keeps the current files
+		}
+		// The lineage is recorded in the switch's update of the container.
+		var err error
+		if sw, err = s.switchRootfs(ctx, sn, c.id, meta, lineage); err == nil {
+			ip.key = sw.Key // the restore mounts the fresh key
+		}
+		return err
+	}
 	// Once the task is killed only the switch and the restore bring it back: they must not end
 	// with the request, which ttrpc cancels when containerd goes away (a crash, a restart). They
 	// are bounded on their own (the switch's retries, the restore's limits).
 	res, err := ip.run(context.WithoutCancel(ctx))
-	finish()
+	if sw.Key != "" {
+		// The replaced key's removal waits for no one: after the answer (Delete waits for it).
+		c.finishing.Go(func() { sw.Finish(context.WithoutCancel(ctx)) })
+	}
 	if err != nil {
 		return err
 	}

@@ -80,44 +80,18 @@ func (sw Switched) Finish(ctx context.Context) {
 // Switched's Finish. lm makes the lease that holds the fresh key until the container refers to
 // it; it may be nil when ctx carries a lease. The caller keeps the container's rootfs unmounted
 // and its task stopped meanwhile; what was written to the old key since parent is discarded.
-func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm leases.Manager, id, parent string, labels map[string]string) (Switched, error) {
-	p, err := Prepare(ctx, sn, cs, lm, id, parent)
-	if err != nil {
-		return Switched{}, err
-	}
-	sw, err := p.Commit(labels)
-	if err != nil {
-		p.Abort()
-		return Switched{}, err
-	}
-	return sw, nil
-}
-
-// Pending is a switch whose first step is done: the fresh key prepared under its lease, the
-// container not yet pointed at it. Nothing of the container changes until Commit, so it may be
-// prepared while the task still runs on its old key (a rollback prepares it while the task is
-// being killed and unmounted).
-type Pending struct {
-	ctx     context.Context // under the switch's lease
-	cs      Containers
-	id, old string
-	sw      Switched
-}
-
-// Prepare is Switch's first step: the fresh key on parent, with the labels of container id's
-// current key (which the container must keep until Commit).
-func Prepare(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm leases.Manager, id, parent string) (*Pending, error) {
+func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm leases.Manager, id, parent string, labels map[string]string) (_ Switched, retErr error) {
 	ctr, err := cs.Get(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
 	}
 	old := ctr.SnapshotKey
 	if old == "" {
-		return nil, fmt.Errorf("switch the rootfs of container %s: it has no rootfs snapshot: %w", id, errdefs.ErrFailedPrecondition)
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s: it has no rootfs snapshot: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	info, err := sn.Stat(ctx, old)
 	if err != nil && !errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
 	}
 	// A key already lost (a crash before switches existed) gets a new one all the same.
 	replaced := []string{old}
@@ -132,33 +106,24 @@ func Prepare(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm le
 
 	ctx, done, err := leased(ctx, lm)
 	if err != nil {
-		return nil, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
 	}
+	defer func() {
+		if retErr != nil {
+			done()
+		}
+	}()
 	sw, err := prepareFresh(ctx, sn, id, parent, snLabels)
 	if err != nil {
-		done()
-		return nil, err
+		return Switched{}, err
 	}
-	sw.sn, sw.replaced, sw.done = sn, replaced, done
-	return &Pending{ctx: ctx, cs: cs, id: id, old: old, sw: sw}, nil
-}
-
-// Commit is Switch's second step: the container pointed at the fresh key, with labels set in
-// the same update. On failure the caller Aborts p.
-func (p *Pending) Commit(labels map[string]string) (Switched, error) {
 	fault.Point(fault.SwitchPrepared)
-	if err := repoint(p.ctx, p.sw.sn, p.cs, p.id, p.old, p.sw.Key, labels); err != nil {
+	if err := repoint(ctx, sn, cs, id, old, sw.Key, labels); err != nil {
 		return Switched{}, err
 	}
 	fault.Point(fault.SwitchUpdated)
-	return p.sw, nil
-}
-
-// Abort gives up a switch that was not committed: its lease ends, and the collector frees the
-// fresh key, unless the container refers to it after all (a Commit whose answer was lost: the
-// key is then the container's, and the next switch replaces it as any other).
-func (p *Pending) Abort() {
-	p.sw.done()
+	sw.sn, sw.replaced, sw.done = sn, replaced, done
+	return sw, nil
 }
 
 // repoint points container id's record from the snapshot key old to key, which exists, and sets

@@ -257,29 +257,6 @@ func TestSwitchFinishLater(t *testing.T) {
 	}
 }
 
-// TestPrepareAbort: a switch prepared and given up leaves the container on its key; once the
-// collector runs, nothing of the fresh key is left.
-func TestPrepareAbort(t *testing.T) {
-	ctx, m := newMeta(t)
-	p, err := Prepare(ctx, m.sn, m.cs, m.lm, "c1", "frozen")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := snapshotKeys(ctx, t, m); len(got) != 4 {
-		t.Fatalf("prepared: snapshots %v, want base, c1, frozen and the fresh key", got)
-	}
-	p.Abort()
-	if _, err := m.db.GarbageCollect(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if key := rootfsOf(ctx, t, m); key != "c1" {
-		t.Fatalf("the container refers to %s after an aborted switch, want c1", key)
-	}
-	if got := snapshotKeys(ctx, t, m); !slices.Equal(got, sorted("base", "c1", "frozen")) {
-		t.Fatalf("after the abort and a collection: snapshots %v, want base, c1, frozen", got)
-	}
-}
-
 // countingContainers counts the updates of the container store.
 type countingContainers struct {
 	containers.Store
