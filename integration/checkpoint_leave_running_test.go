@@ -53,9 +53,9 @@ func TestCheckpointLeavesTaskRunning(t *testing.T) {
 			e.snapshotterGone(t, task, func() { same("after a checkpoint without cklite-snapshotter") })
 		}
 	}
-	// The shim's step times of each checkpoint (freeze, dump, walk, write, thaw, commit, record).
+	// The shim's step times of each checkpoint, from the task API's arrival to its answer.
 	for _, l := range strings.Split(e.d.LogTail(1000), "\n") {
-		if strings.Contains(l, "task left running") {
+		if strings.Contains(l, "checkpoint steps") {
 			t.Log(l)
 		}
 	}
@@ -233,6 +233,11 @@ func TestCheckpointSwitchRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := e.timedCheckpoint(t, c.ID(), "switch-1")
+	// The 70 MiB were written before the checkpoint: the switch is decided before the dump, which
+	// the in-place cycle then makes once.
+	if l := switchLine(t, e); !strings.Contains(l, "dumpedTwice=false") {
+		t.Fatalf("the switch was decided after a first dump: %s", l)
+	}
 	task = e.taskOf(t, c)
 	if task.Pid() == pid || rootMountID(t, task.Pid()) == mnt {
 		t.Fatalf("after a checkpoint of 70 MiB written, init %d on mount %s (was %d on %s): want the in-place cycle", task.Pid(), rootMountID(t, task.Pid()), pid, mnt)
@@ -282,4 +287,16 @@ func (e *ckEnv) taskOf(t *testing.T, c client.Container) client.Task {
 	}
 	e.expectStatus(t, task, client.Running, "after a checkpoint")
 	return task
+}
+
+// switchLine is the shim's log line of the switch rule's decision.
+func switchLine(t *testing.T, e *ckEnv) string {
+	t.Helper()
+	for _, l := range strings.Split(e.d.LogTail(1000), "\n") {
+		if strings.Contains(l, "switching the upper instead of capturing it") {
+			return l
+		}
+	}
+	t.Fatal("the shim logged no switch of the upper")
+	return ""
 }

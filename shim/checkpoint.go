@@ -94,6 +94,7 @@ type checkpointRun struct {
 	path, work string
 	lm         leases.Manager
 	lease      *workLease
+	dumped     bool   // dump has written the image directory
 	t          *steps // the time each step took, logged once the checkpoint is answered
 }
 
@@ -189,9 +190,13 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	if !errors.Is(err, errSwitch) {
 		return err
 	}
-	log.G(ctx).WithError(err).WithField("id", meta.ID).Info("checkpoint: switching the upper instead of capturing it")
-	if err := clearDump(ck.path); err != nil {
-		return err
+	// Decided from the estimate, before the dump, or (what the estimate did not see) after it:
+	// then the in-place cycle dumps a second time.
+	log.G(ctx).WithError(err).WithFields(log.Fields{"id": meta.ID, "dumpedTwice": ck.dumped}).Info("checkpoint: switching the upper instead of capturing it")
+	if ck.dumped {
+		if err := clearDump(ck.path); err != nil {
+			return err
+		}
 	}
 	return ck.withRootfs(ctx, sn, rs.key, meta)
 }
@@ -201,6 +206,7 @@ func (ck *checkpointRun) dump() error {
 	if err := ck.c.engine().Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
 		return keepDumpLog(ck.c.bundle, ck.work, err)
 	}
+	ck.dumped = true
 	return nil
 }
 
