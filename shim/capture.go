@@ -68,6 +68,16 @@ func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapsho
 		return err
 	}
 	c.captured = rec
+	// Saved beside the upper for a later shim of the same rootfs (a task started again), off
+	// the checkpoint's path (the task's delete waits for it): a record lost costs that shim's
+	// first capture a whole upper.
+	c.saves.Add(1)
+	go func() {
+		defer c.saves.Done()
+		if err := rec.Save(); err != nil {
+			log.G(ctx).WithError(err).Warn("save the capture's record")
+		}
+	}()
 	log.G(ctx).WithField("id", meta.ID).Info("checkpoint taken, task left running")
 	return nil
 }

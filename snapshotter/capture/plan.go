@@ -55,10 +55,10 @@ type op struct {
 // errTooMany ends a walk past its maxEntries.
 var errTooMany = errors.New("too many entries")
 
-// Open starts the capture of active snapshot key of sn as the layer name, after prev (nil for
-// none): it finds key's upper directory and parent, asking sn unless prev recorded them for the
-// same key (a key keeps its upper for its life: the caller drops prev when it switches the key's
-// upper). It makes no snapshot: Prepare does.
+// Open starts the capture of active snapshot key of sn as the layer name, after prev (nil: the
+// record saved beside the upper, if any): it finds key's upper directory and parent, asking sn
+// unless prev recorded them for the same key (a key keeps its upper for its life: the caller
+// drops prev when it switches the key's upper). It makes no snapshot: Prepare does.
 func Open(ctx context.Context, sn snapshots.Snapshotter, key, name string, prev *Record) (*Capture, error) {
 	c := &Capture{key: key, name: name, tmp: "cklite/capturing/" + name, entries: map[string]entry{}}
 	if prev != nil && prev.Key == key && prev.Upper != "" {
@@ -80,6 +80,11 @@ func Open(ctx context.Context, sn snapshots.Snapshotter, key, name string, prev 
 		return nil, err
 	}
 	c.parent = info.Parent
+	if prev == nil {
+		// A record saved by an earlier process (Record.Save); one that cannot be read is as
+		// none: the capture is of the whole upper.
+		prev, _ = loadRecord(c.upper)
+	}
 	if prev != nil && prev.Upper == c.upper {
 		c.prev = prev
 	}
