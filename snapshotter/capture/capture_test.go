@@ -163,12 +163,15 @@ type env struct {
 
 // newEnv makes a snapshotter with a base layer, an active snapshot "live" on it mounted, and
 // changes made through the mount: a file copied up, files and directories of the upper alone.
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB) *env { return newEnvAt(t, t.TempDir()) }
+
+// newEnvAt is newEnv with the snapshotter's root at root.
+func newEnvAt(t testing.TB, root string) *env {
 	if os.Getuid() != 0 {
 		t.Skip("needs root: overlay mounts and trusted.* attributes")
 	}
 	ctx := context.Background()
-	sn, err := snapshotter.New(ctx, t.TempDir())
+	sn, err := snapshotter.New(ctx, root)
 	must(t, err)
 	t.Cleanup(func() { sn.Close() })
 	ms, err := sn.Prepare(ctx, "base-k", "")

@@ -5,10 +5,14 @@ package capture
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"golang.org/x/sys/unix"
 )
 
 // TestEstimate: the estimate made while the upper's writers run sees what the walk of the
@@ -79,3 +83,33 @@ func (noLookups) Stat(context.Context, string) (snapshots.Info, error) {
 }
 
 func (noLookups) Mounts(context.Context, string) ([]mount.Mount, error) { return nil, errLookup }
+
+// TestGrowth: after a capture, what was written through the live mount shows in the growth of
+// the upper's filesystem (a tmpfs of the test's own: no other writer), which bounds the upper's
+// entries and size; without a previous capture there is no growth to tell.
+func TestGrowth(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: a tmpfs, overlay mounts")
+	}
+	root := t.TempDir()
+	must(t, unix.Mount("tmpfs", root, "tmpfs", 0, "size=64m"))
+	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
+	e := newEnvAt(t, root)
+	c, err := Open(e.ctx, e.sn, "live", "first", nil)
+	must(t, err)
+	if _, ok, err := c.Growth(); err != nil || ok {
+		t.Fatalf("growth without a previous capture: ok %t, %v", ok, err)
+	}
+	first := e.capture(nil, "cap1")
+	const n, size = 5, 1 << 20
+	for i := range n {
+		write(t, e.live, fmt.Sprint("work/big", i), strings.Repeat("x", size))
+	}
+	c, err = Open(e.ctx, e.sn, "live", "cap2", first)
+	must(t, err)
+	g, ok, err := c.Growth()
+	must(t, err)
+	if !ok || g.Bytes < n*size || g.Entries < int64(first.Len()+n) || g.Size < first.Size+n*size {
+		t.Fatalf("growth %+v (ok %t) after %d files of %d bytes on a capture of %d entries, %d bytes", g, ok, n, size, first.Len(), first.Size)
+	}
+}

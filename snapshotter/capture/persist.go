@@ -28,6 +28,8 @@ type savedRecord struct {
 	Version      int
 	Upper, Layer string
 	Labels       map[string]string
+	Size         int64
+	Use          fsUse
 	Entries      map[string]savedEntry
 }
 
@@ -45,7 +47,7 @@ func recordPath(upper string) string { return filepath.Join(filepath.Dir(upper),
 // Save saves r beside its upper (written aside and renamed into place), for a later Open without
 // a record in memory.
 func (r *Record) Save() error {
-	s := savedRecord{Version: recordVersion, Upper: r.Upper, Layer: r.Layer, Labels: r.Labels, Entries: make(map[string]savedEntry, len(r.entries))}
+	s := savedRecord{Version: recordVersion, Upper: r.Upper, Layer: r.Layer, Labels: r.Labels, Size: r.Size, Use: r.use, Entries: make(map[string]savedEntry, len(r.entries))}
 	for p, e := range r.entries {
 		s.Entries[p] = savedEntry{Ino: e.ino, Btime: e.btime, Ctime: e.ctime, Mtime: e.mtime, Size: e.size, Mode: e.mode, Nlink: e.nlink, Opaque: e.opaque, Racy: e.racy}
 	}
@@ -86,7 +88,7 @@ func loadRecord(upper string) (*Record, error) {
 	if s.Version != recordVersion || s.Upper != upper {
 		return nil, nil
 	}
-	r := &Record{Upper: s.Upper, Layer: s.Layer, Labels: s.Labels, entries: make(map[string]entry, len(s.Entries))}
+	r := &Record{Upper: s.Upper, Layer: s.Layer, Labels: s.Labels, Size: s.Size, use: s.Use, entries: make(map[string]entry, len(s.Entries))}
 	for p, e := range s.Entries {
 		r.entries[p] = entry{ino: e.Ino, btime: e.Btime, ctime: e.Ctime, mtime: e.Mtime, size: e.Size, mode: e.Mode, nlink: e.Nlink, opaque: e.Opaque, racy: e.Racy}
 	}

@@ -31,7 +31,8 @@ type Capture struct {
 	ops        []op
 	entries    map[string]entry // the new record
 	stats      Stats
-	maxEntries int // a walk stops past this many entries (errTooMany); 0: no limit
+	maxEntries int   // a walk stops past this many entries (errTooMany); 0: no limit
+	use        fsUse // the upper's filesystem's use when Walk began
 }
 
 // Stats measure a capture: what the walk saw and what the capture writes.
@@ -148,6 +149,13 @@ func (c *Capture) Estimate(maxEntries int) (Stats, error) {
 // Walk compares the upper with the previous capture's record: what Write will write.
 func (c *Capture) Walk() error {
 	start := time.Now()
+	// The filesystem's use as the walk begins (the writers are still): what the next capture's
+	// Growth starts from.
+	use, err := statUse(c.upper)
+	if err != nil {
+		return fmt.Errorf("capturing %s: %w", c.key, err)
+	}
+	c.use = use
 	if err := c.walk(c.was, start.Add(-racyWindow).UnixNano()); err != nil {
 		return fmt.Errorf("capturing %s: walk %s: %w", c.key, c.upper, err)
 	}

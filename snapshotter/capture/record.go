@@ -25,6 +25,8 @@ type Record struct {
 	Upper   string            // the upper directory captured, Key's
 	Layer   string            // the committed layer that holds the capture
 	Labels  map[string]string // Layer's labels, as committed
+	Size    int64             // bytes of the upper's regular files
+	use     fsUse             // the upper's filesystem's use when the capture's walk began
 	entries map[string]entry
 }
 
