@@ -80,13 +80,7 @@ func TestExecTerminalSurvivesCheckpoint(t *testing.T) {
 	askVariable(t, restoredShell(t, e, c.ID(), pid), cnt.Rootfs, old)
 
 	forked := cklite(t, e.d, "fork", "-n", "1", m[1][:8])
-	var names []string
-	for _, l := range strings.Split(forked, "\n") {
-		if sub := forkLineRE.FindStringSubmatch(l); sub != nil {
-			names = append(names, sub[1])
-		}
-	}
-	ids := forkIDsByName(t, e, names)
+	ids := forkedIDs(t, e, forked)
 	if len(ids) != 1 {
 		t.Fatalf("cklite fork -n 1 printed %q", forked)
 	}
