@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 
+	"github.com/cklite/cklite/integration/harness"
 	"github.com/cklite/cklite/pkg/exechelper"
 )
 
@@ -54,6 +55,73 @@ func TestInitReapsExecs(t *testing.T) {
 	cklite(t, e.d, "checkpoint", "create", c.ID())
 	if st, err := p.Status(e.ctx); err != nil || st.Status != client.Running {
 		t.Fatalf("detached exec after the checkpoint: %+v %v, want running", st, err)
+	}
+}
+
+// TestInitFromCLIs: `nerdctl run --annotation cklite.io/init=true` and `ctr run --annotation
+// cklite.io/init=true` run cklite's init; `nerdctl inspect` and containerd show the container's
+// own command, `ctr tasks ps` lists the init and the entrypoint, execs through nerdctl and ctr
+// report their exit codes (nerdctl's in its message) and leave no zombie.
+func TestInitFromCLIs(t *testing.T) {
+	e := newCkEnv(t)
+	annotation := []string{"--annotation", "cklite.io/init=true"}
+	for _, tc := range []struct {
+		name string
+		run  func() string // starts the container, returns its id
+		exec func(id, script string) int
+	}{
+		{"nerdctl", func() string {
+			return runDetached(t, e.d, harness.CkliteRuntime, "init-nerdctl", annotation, "sleep", "1000000")
+		}, func(id, script string) int {
+			// nerdctl exec exits 1 for any failure, saying "exec failed with exit code N".
+			r := nerdctlResult(t, e.d, "", "exec", id, "sh", "-c", script)
+			code := r.code
+			if _, after, ok := strings.Cut(r.stderr, "exit code "); ok {
+				_, _ = fmt.Sscan(after, &code)
+			}
+			return code
+		}},
+		{"ctr", func() string {
+			mustCtr(t, e.d, append(append([]string{"run", "-d", "--fifo-dir", e.d.FIFODir(), "--runtime", harness.CkliteRuntime}, annotation...),
+				busybox.Name, "init-ctr", "sleep", "1000000")...)
+			return "init-ctr"
+		}, func(id, script string) int {
+			return ctrResult(t, e.d, "", "tasks", "exec", "--exec-id", "x-"+randomTag(), id, "sh", "-c", script).code
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := tc.run()
+			c, err := e.d.Client().LoadContainer(e.ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			task, err := c.Task(e.ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			expectInit(t, e, c, task, "sleep 1000000")
+			if tc.name == "nerdctl" {
+				if got := strings.TrimSpace(nerdctl(t, e.d, "inspect", "-f", "{{.Path}} {{.Args}}", id)); got != "sleep [1000000]" {
+					t.Fatalf("nerdctl inspect shows the command %q, want the container's own", got)
+				}
+			}
+			ps := strings.Fields(ctr(t, e.d, "tasks", "ps", id))
+			for _, pid := range taskPids(t, e, task) {
+				if !slices.Contains(ps, fmt.Sprint(pid)) {
+					t.Fatalf("ctr tasks ps %s printed %q, without process %d", id, ps, pid)
+				}
+			}
+			for _, want := range []int{0, 1, 255, 137} {
+				script := fmt.Sprintf("exit %d", want)
+				if want == 137 {
+					script = "kill -9 $$"
+				}
+				if got := tc.exec(id, script); got != want {
+					t.Fatalf("%s exec %q exited %d, want %d", tc.name, script, got, want)
+				}
+			}
+			expectNoZombies(t, e, task)
+		})
 	}
 }
 
