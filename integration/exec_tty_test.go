@@ -111,14 +111,7 @@ func expectShell(t *testing.T, s *terminal, pid, v string) string {
 // pid.
 func restoredShell(t *testing.T, e *ckEnv, id, pid string) int {
 	t.Helper()
-	c, err := e.d.Client().LoadContainer(e.ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(e.ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, task := e.loadTask(t, id)
 	procs, err := task.Pids(e.ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -161,14 +161,7 @@ func testForks(t *testing.T, n int) {
 // forkCgroups is /proc/PID/cgroup of container id's init.
 func forkCgroups(t *testing.T, e *ckEnv, id string) string {
 	t.Helper()
-	c, err := e.d.Client().LoadContainer(e.ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(e.ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, task := e.loadTask(t, id)
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", task.Pid()))
 	if err != nil {
 		t.Fatal(err)

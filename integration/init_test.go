@@ -91,14 +91,7 @@ func TestInitFromCLIs(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := tc.run()
-			c, err := e.d.Client().LoadContainer(e.ctx, id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			task, err := c.Task(e.ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c, task := e.loadTask(t, id)
 			expectInit(t, e, c, task, "sleep 1000000")
 			if tc.name == "nerdctl" {
 				if got := strings.TrimSpace(nerdctl(t, e.d, "inspect", "-f", "{{.Path}} {{.Args}}", id)); got != "sleep [1000000]" {
