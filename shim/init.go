@@ -26,6 +26,9 @@ import (
 // which containerd, nerdctl, ctr and the CRI show, keeps the container's own command.
 const initAnnotation = "cklite.io/init"
 
+// criContainerType is the CRI's annotation of a container's kind: "sandbox" or "container".
+const criContainerType = "io.kubernetes.cri.container-type"
+
 // setInit decides whether c runs cklite's init and, if it does, rewrites its spec for it.
 func (s *service) setInit(c *container) error {
 	var meta *checkpoint.Meta
@@ -56,12 +59,13 @@ func (s *service) setInit(c *container) error {
 // useInit reports whether c runs cklite's init: a restore runs it when its dump did (meta: the
 // checkpoint's metadata, nil for a fresh start or a stock CRIU image); otherwise the annotation,
 // else the configuration's default. A container without a PID namespace of its own never does:
-// there it would not be PID 1, and its execs are not in a tree of their own.
+// there it would not be PID 1, and its execs are not in a tree of their own; nor does a pod's
+// sandbox, whose pause process reaps (the CRI passes a pod's annotations to it too).
 func (s *service) useInit(c *container, meta *checkpoint.Meta) (bool, error) {
 	if meta != nil && meta.Contents.HasMemory() {
 		return meta.Init, nil
 	}
-	if c.sharedPid {
+	if c.sharedPid || c.spec.Annotations[criContainerType] == "sandbox" {
 		return false, nil
 	}
 	switch v := c.spec.Annotations[initAnnotation]; v {

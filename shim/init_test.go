@@ -22,6 +22,7 @@ func TestUseInit(t *testing.T) {
 		config     *bool
 		configErr  error
 		sharedPid  bool
+		sandbox    bool
 		meta       *checkpoint.Meta
 		want       bool
 		wantErr    string
@@ -35,6 +36,7 @@ func TestUseInit(t *testing.T) {
 		{name: "configuration unreadable", configErr: errors.New("bad toml"), wantErr: "bad toml"},
 		{name: "bad annotation", annotation: "yes", wantErr: "want true or false"},
 		{name: "shared PID namespace", annotation: "true", sharedPid: true},
+		{name: "pod sandbox", annotation: "true", sandbox: true},
 		{name: "dumped with the init", meta: &checkpoint.Meta{Contents: checkpoint.MemoryAndFS, Init: true}, want: true},
 		{name: "dumped without, annotation on", annotation: "true", meta: &checkpoint.Meta{Contents: checkpoint.MemoryOnly}},
 		{name: "filesystem only: a fresh start", annotation: "true", meta: &checkpoint.Meta{Contents: checkpoint.FSOnly}, want: true},
@@ -44,6 +46,9 @@ func TestUseInit(t *testing.T) {
 			c := &container{id: "c", sharedPid: tc.sharedPid, spec: &specs.Spec{Annotations: map[string]string{}}}
 			if tc.annotation != "" {
 				c.spec.Annotations[initAnnotation] = tc.annotation
+			}
+			if tc.sandbox {
+				c.spec.Annotations[criContainerType] = "sandbox"
 			}
 			got, err := s.useInit(c, tc.meta)
 			if tc.wantErr != "" {
