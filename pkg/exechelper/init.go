@@ -87,7 +87,7 @@ func startEntrypoint(args []string) (int, error) {
 	}
 	path, err := exec.LookPath(args[0])
 	if err != nil {
-		return 0, fmt.Errorf("exec %s: %w", args[0], err)
+		return 0, err // names args[0]
 	}
 	attr := &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{0, 1, 2}}
 	if _, err := ioctlInt(0, syscall.TIOCGPGRP); err == nil {
