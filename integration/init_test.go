@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -115,6 +116,34 @@ func TestInitFromCLIs(t *testing.T) {
 			}
 			expectNoZombies(t, e, task)
 		})
+	}
+}
+
+// TestInitTerminal: `nerdctl run -it` of a shell under cklite's init: the shell has the terminal
+// (its tty, size and resize), its group is the foreground one, so ^C reaches the job it runs
+// (130), not the init; a leave-running checkpoint keeps the session answering, and the shell's
+// `exit 5` is nerdctl's exit code.
+func TestInitTerminal(t *testing.T) {
+	e := newCkEnv(t)
+	s := startTerminal(t, e.d, 30, 100, "run", "-it", "--rm", "--name", "init-tty", "--runtime", harness.CkliteRuntime,
+		"--snapshotter", ckliteSnapshotter, "--net", "none", "--annotation", "cklite.io/init=true", busybox.Name, "sh")
+	checkTerminal(t, s)
+	s.send(t, `sh -c 'echo "RE""ADY"; exec sleep 1000'`)
+	s.expect(t, regexp.MustCompile(`READY`))
+	s.send(t, "\x03")
+	s.send(t, `echo "AF""TER=$?"`)
+	if got := s.expect(t, regexp.MustCompile(`AFTER=(\d+)`))[1]; got != "130" {
+		t.Fatalf("the job ^C reached exited %s, want 130; the terminal shows:\n%s", got, s.shows())
+	}
+	id := strings.TrimSpace(nerdctl(t, e.d, "inspect", "-f", "{{.ID}}", "init-tty"))
+	c, task := e.loadTask(t, id)
+	expectInit(t, e, c, task, "sh")
+	cklite(t, e.d, "checkpoint", "create", id)
+	s.send(t, `echo "AF""TER=checkpoint"`)
+	s.expect(t, regexp.MustCompile(`AFTER=checkpoint`))
+	s.send(t, "exit 5")
+	if code := s.wait(t); code != 5 {
+		t.Fatalf("nerdctl run -it exited %d after the shell's `exit 5`; the terminal shows:\n%s", code, s.shows())
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // The init is this test binary run with initEnv set: no root needed. Not PID 1 here, it reaps
@@ -171,4 +172,61 @@ func TestIsInit(t *testing.T) {
 			t.Errorf("IsInit(%q) = %v, want %v", tc.args, got, tc.want)
 		}
 	}
+}
+
+// TestInitTerminal: an init that leads the session of a terminal hands it over: the entrypoint
+// leads a session of its own with the terminal as its controlling one and its group in the
+// foreground, and is not hung up by the hand-over.
+func TestInitTerminal(t *testing.T) {
+	master, slave := openPty(t)
+	cmd := exec.Command(os.Args[0], "--", "sh", "-c",
+		`read -r pid comm state ppid pgrp sid ttynr tpgid rest < /proc/$$/stat; echo "entrypoint $pid $sid $tpgid"`)
+	cmd.Env = append(os.Environ(), initEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	out := bufio.NewReader(master)
+	var line string
+	for !strings.HasPrefix(line, "entrypoint ") {
+		var err error
+		if line, err = out.ReadString('\n'); err != nil {
+			t.Fatalf("read the terminal: %v (last line %q)", err, line)
+		}
+	}
+	var pid, sid, tpgid int
+	if _, err := fmt.Sscan(strings.TrimPrefix(line, "entrypoint "), &pid, &sid, &tpgid); err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	if sid != pid || tpgid != pid {
+		t.Fatalf("entrypoint %d: session %d, terminal's foreground group %d; want both its own", pid, sid, tpgid)
+	}
+	if got := exitOf(t, cmd); got != 0 {
+		t.Fatalf("init exited %d, want the entrypoint's 0", got)
+	}
+}
+
+// openPty opens a new pty pair (/dev/ptmx).
+func openPty(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { master.Close() })
+	var unlock int32
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, master.Fd(), syscall.TIOCSPTLCK, uintptr(unsafe.Pointer(&unlock))); errno != 0 {
+		t.Fatal(errno)
+	}
+	n, err := ioctlInt(int(master.Fd()), syscall.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return master, slave
 }
