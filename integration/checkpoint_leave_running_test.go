@@ -233,7 +233,7 @@ func TestCheckpointSwitchRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := e.timedCheckpoint(t, c.ID(), "switch-1")
-	task = e.taskOf(t, c)
+	task = e.taskOf(t, c.ID())
 	if task.Pid() == pid || rootMountID(t, task.Pid()) == mnt {
 		t.Fatalf("after a checkpoint of 70 MiB written, init %d on mount %s (was %d on %s): want the in-place cycle", task.Pid(), rootMountID(t, task.Pid()), pid, mnt)
 	}
@@ -242,7 +242,7 @@ func TestCheckpointSwitchRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	second := e.timedCheckpoint(t, c.ID(), "switch-2")
-	if task := e.taskOf(t, c); task.Pid() != pid || rootMountID(t, pid) != mnt {
+	if task := e.taskOf(t, c.ID()); task.Pid() != pid || rootMountID(t, pid) != mnt {
 		t.Fatalf("after a small checkpoint following a switch, init %d (was %d): want it left running", task.Pid(), pid)
 	}
 	for _, tc := range []struct {
@@ -273,13 +273,18 @@ func (e *ckEnv) timedCheckpoint(t *testing.T, id, dir string) string {
 	return m[1]
 }
 
-// taskOf is c's task now.
-func (e *ckEnv) taskOf(t *testing.T, c client.Container) client.Task {
+// taskOf is container id's task now, which must be running. It is loaded afresh: a checkpoint
+// past the switch rule, a rollback or a fork's restore gives a container a new init.
+func (e *ckEnv) taskOf(t *testing.T, id string) client.Task {
 	t.Helper()
-	task, err := c.Task(e.ctx, nil)
+	c, err := e.d.Client().LoadContainer(e.ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.expectStatus(t, task, client.Running, "after a checkpoint")
+	task, err := c.Task(e.ctx, nil)
+	if err != nil {
+		t.Fatalf("task of %s: %v", id, err)
+	}
+	e.expectStatus(t, task, client.Running, "now")
 	return task
 }

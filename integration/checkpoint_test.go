@@ -766,22 +766,15 @@ func (e *ckEnv) ctrRunCounter(t *testing.T, id string) (client.Container, client
 	t.Helper()
 	mustCtr(t, e.d, "run", "-d", "--fifo-dir", e.d.FIFODir(), "--snapshotter", ckliteSnapshotter,
 		"--runtime", harness.CkliteRuntime, busybox.Name, id, "sh", "-c", workload.CounterScript)
-	container, task := e.loadTask(t, id)
+	container, err := e.d.Client().LoadContainer(e.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := container.Task(e.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return container, task, newCounter(e.d.RootfsPath(id))
-}
-
-// loadTask loads container id and its task.
-func (e *ckEnv) loadTask(t *testing.T, id string) (client.Container, client.Task) {
-	t.Helper()
-	c, err := e.d.Client().LoadContainer(e.ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(e.ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, task
 }
 
 // TestCheckpointNerdctlLifecycle is nerdctl's checkpoint flow on cklite: create (with and without

@@ -474,19 +474,10 @@ func forkIDsByName(t *testing.T, e *ckEnv, names []string) []string {
 }
 
 // procIdentity is what sets the init process of container id's task apart from another's: its
-// cgroups and its network namespace, as the host sees them. The task is loaded afresh: a
-// checkpoint that leaves it running restores it under a new host pid.
+// cgroups and its network namespace, as the host sees them.
 func procIdentity(t *testing.T, e *ckEnv, id string) string {
 	t.Helper()
-	c, err := e.d.Client().LoadContainer(e.ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(e.ctx, nil)
-	if err != nil {
-		t.Fatalf("task of %s: %v", id, err)
-	}
-	pid := task.Pid()
+	pid := e.taskOf(t, id).Pid()
 	cgroups, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		t.Fatalf("cgroups of %s (pid %d): %v", id, pid, err)

@@ -46,7 +46,8 @@ done`
 // TestCRIPodCheckpoint checkpoints a two-container CRI pod at one instant with `cklite pod
 // checkpoint` (one id, listed by checkpoint ls, its members labelled), lets both run on and
 // change, restores it in place with `cklite pod restore`, removes the pod (prune --orphaned must
-// keep the members) and forks the checkpoint with `cklite pod fork`, and removes it (pod rm).
+// keep the members) and forks the checkpoint with `cklite pod fork`, and removes it (pod rm),
+// then the fork's pod (prune --orphaned removes its volume copies).
 // Each time the pod must come back as it was at that one instant: the shared directory's
 // sequence, the writer's counter in memory and the reader's count and file offset in memory must
 // agree exactly (once the writer is stopped, the sequence is 1..N without gap or repeat, the
@@ -111,11 +112,8 @@ func TestCRIPodCheckpoint(t *testing.T) {
 	if err := json.Unmarshal([]byte(ckliteCRI(t, cri, "pod", "fork", "--format", "json", id)), &forked); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := cri.RemovePod(context.Background(), &harness.Pod{ID: forked.Sandbox}); err != nil {
-			t.Error(err)
-		}
-	})
+	forkPod := &harness.Pod{ID: forked.Sandbox}
+	t.Cleanup(func() { _ = cri.RemovePod(context.Background(), forkPod) }) // the test removes it at the end
 	fork := duo{cri: cri, shared: forked.Volumes[shared], writer: forked.Containers["writer"], reader: forked.Containers["reader"]}
 	if forked.Sandbox == pod.ID || fork.shared == shared || fork.shared == "" || fork.writer == orig.writer || fork.reader == orig.reader {
 		t.Fatalf("the fork shares the pod's sandbox, volume or containers: %+v", forked)
@@ -126,8 +124,17 @@ func TestCRIPodCheckpoint(t *testing.T) {
 		t.Errorf("the removed pod's volume went from %d to %d lines while its fork ran", origLines, got)
 	}
 
-	// pod rm: the record, its members and its directory go; the fork runs on.
+	// pod rm: the record, its members and its directory go, and the volumes of a fork whose pod
+	// is gone (one left, say, by a fork whose pod was removed before); the fork runs on, on its
+	// volume.
+	gone := podckpt.ForkDir(filepath.Dir(rec.Dir), "0123456789abcdef")
+	if err := os.MkdirAll(filepath.Join(gone, "0"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	ckliteCRI(t, cri, "pod", "rm", id)
+	if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("volumes of a gone pod fork, %s, after pod rm: %v", gone, err)
+	}
 	if ids := strings.Fields(ckliteCRI(t, cri, "pod", "ls", "-q")); slices.Contains(ids, id) {
 		t.Errorf("pod ls lists %s after pod rm: %v", id, ids)
 	}
@@ -141,6 +148,18 @@ func TestCRIPodCheckpoint(t *testing.T) {
 		if st, err := cri.ContainerState(ctx, cid); err != nil || st != runtimeapi.ContainerState_CONTAINER_RUNNING {
 			t.Errorf("fork's container %s after pod rm: %v, %v", cid, st, err)
 		}
+	}
+	if _, err := seqLines(filepath.Join(fork.shared, "seq")); err != nil {
+		t.Errorf("the running fork's volume after pod rm: %v", err)
+	}
+
+	// The fork's pod goes: checkpoint prune --orphaned removes its volumes.
+	if err := cri.RemovePod(ctx, forkPod); err != nil {
+		t.Fatal(err)
+	}
+	ckliteCRI(t, cri, "checkpoint", "prune", "--orphaned")
+	if _, err := os.Stat(fork.shared); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("volume %s of the removed fork's pod after checkpoint prune --orphaned: %v", fork.shared, err)
 	}
 }
 

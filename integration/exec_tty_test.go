@@ -80,7 +80,13 @@ func TestExecTerminalSurvivesCheckpoint(t *testing.T) {
 	askVariable(t, restoredShell(t, e, c.ID(), pid), cnt.Rootfs, old)
 
 	forked := cklite(t, e.d, "fork", "-n", "1", m[1][:8])
-	ids := forkedIDs(t, e, forked)
+	var names []string
+	for _, l := range strings.Split(forked, "\n") {
+		if sub := forkLineRE.FindStringSubmatch(l); sub != nil {
+			names = append(names, sub[1])
+		}
+	}
+	ids := forkIDsByName(t, e, names)
 	if len(ids) != 1 {
 		t.Fatalf("cklite fork -n 1 printed %q", forked)
 	}
@@ -111,8 +117,7 @@ func expectShell(t *testing.T, s *terminal, pid, v string) string {
 // pid.
 func restoredShell(t *testing.T, e *ckEnv, id, pid string) int {
 	t.Helper()
-	_, task := e.loadTask(t, id)
-	procs, err := task.Pids(e.ctx)
+	procs, err := e.taskOf(t, id).Pids(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

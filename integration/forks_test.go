@@ -161,8 +161,7 @@ func testForks(t *testing.T, n int) {
 // forkCgroups is /proc/PID/cgroup of container id's init.
 func forkCgroups(t *testing.T, e *ckEnv, id string) string {
 	t.Helper()
-	_, task := e.loadTask(t, id)
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", task.Pid()))
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", e.taskOf(t, id).Pid()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func TestInitReapsExecs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectInit(t, e, c, task, "sleep 1000000")
+	expectInit(t, e, c.ID(), task, "sleep 1000000")
 	for range n {
 		e.expectExecExit(t, task, 0, "true", 0)
 	}
@@ -92,8 +92,8 @@ func TestInitFromCLIs(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := tc.run()
-			c, task := e.loadTask(t, id)
-			expectInit(t, e, c, task, "sleep 1000000")
+			task := e.taskOf(t, id)
+			expectInit(t, e, id, task, "sleep 1000000")
 			if tc.name == "nerdctl" {
 				if got := strings.TrimSpace(nerdctl(t, e.d, "inspect", "-f", "{{.Path}} {{.Args}}", id)); got != "sleep [1000000]" {
 					t.Fatalf("nerdctl inspect shows the command %q, want the container's own", got)
@@ -136,8 +136,7 @@ func TestInitTerminal(t *testing.T) {
 		t.Fatalf("the job ^C reached exited %s, want 130; the terminal shows:\n%s", got, s.shows())
 	}
 	id := strings.TrimSpace(nerdctl(t, e.d, "inspect", "-f", "{{.ID}}", "init-tty"))
-	c, task := e.loadTask(t, id)
-	expectInit(t, e, c, task, "sh")
+	expectInit(t, e, id, e.taskOf(t, id), "sh")
 	cklite(t, e.d, "checkpoint", "create", id)
 	s.send(t, `echo "AF""TER=checkpoint"`)
 	s.expect(t, regexp.MustCompile(`AFTER=checkpoint`))
@@ -201,7 +200,7 @@ func TestInitCheckpointRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectInit(t, e, c, task, "sh -c "+probeScript("entry"))
+	expectInit(t, e, c.ID(), task, "sh -c "+probeScript("entry"))
 	srv := e.newExec(t, task, cio.NullIO, "sh", "-c", probeScript("srv"))
 	if err := srv.Start(e.ctx); err != nil {
 		t.Fatal(err)
@@ -226,7 +225,7 @@ func TestInitCheckpointRollback(t *testing.T) {
 		t.Fatal("cklite checkpoint create printed no checkpoint id")
 	}
 	expectProbes(t, rootfs, "after the leave-running checkpoint")
-	expectInit(t, e, c, task, "sh -c "+probeScript("entry"))
+	expectInit(t, e, c.ID(), task, "sh -c "+probeScript("entry"))
 
 	if err := srv.Kill(e.ctx, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -240,7 +239,7 @@ func TestInitCheckpointRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectInit(t, e, c, task, "sh -c "+probeScript("entry"))
+	expectInit(t, e, c.ID(), task, "sh -c "+probeScript("entry"))
 	for _, want := range []uint32{0, 1, 255} {
 		e.expectExecExit(t, task, 0, fmt.Sprintf("exit %d", want), want)
 	}
@@ -280,7 +279,7 @@ func TestInitCheckpointRollback(t *testing.T) {
 // expectInit checks that task's PID 1 is cklite's init running the entrypoint (cmd, its command
 // line with spaces) as its child, that both are the task's processes, and that containerd still
 // shows the container's own command.
-func expectInit(t *testing.T, e *ckEnv, c client.Container, task client.Task, cmd string) {
+func expectInit(t *testing.T, e *ckEnv, id string, task client.Task, cmd string) {
 	t.Helper()
 	init := int(task.Pid())
 	// Start returns once libcontainer let its init stage go on to exec the process.
@@ -290,6 +289,10 @@ func expectInit(t *testing.T, e *ckEnv, c client.Container, task client.Task, cm
 		}
 		return nil
 	})
+	c, err := e.d.Client().LoadContainer(e.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	spec, err := c.Spec(e.ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -140,8 +140,24 @@ type crashAfter struct{ n, made int }
 
 var errCrashed = errors.New("crashed")
 
-func (c *crashAfter) dead() bool { return c.made >= c.n }
-func (c *crashAfter) change()    { c.made++ }
+// crashCall is one call of the crashing process: it never happens once the process is dead, and
+// counts as a change once made if it is one.
+func crashCall[T any](c *crashAfter, change bool, f func() (T, error)) (T, error) {
+	if c.made >= c.n {
+		var zero T
+		return zero, errCrashed
+	}
+	if change {
+		defer func() { c.made++ }()
+	}
+	return f()
+}
+
+// crashChange is crashCall for the calls that return only an error.
+func crashChange(c *crashAfter, f func() error) error {
+	_, err := crashCall(c, true, func() (struct{}, error) { return struct{}{}, f() })
+	return err
+}
 
 type crashSn struct {
 	snapshots.Snapshotter
@@ -149,49 +165,27 @@ type crashSn struct {
 }
 
 func (s crashSn) Stat(ctx context.Context, key string) (snapshots.Info, error) {
-	if s.c.dead() {
-		return snapshots.Info{}, errCrashed
-	}
-	return s.Snapshotter.Stat(ctx, key)
+	return crashCall(s.c, false, func() (snapshots.Info, error) { return s.Snapshotter.Stat(ctx, key) })
 }
 
 func (s crashSn) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
-	if s.c.dead() {
-		return nil, errCrashed
-	}
-	return s.Snapshotter.Mounts(ctx, key)
+	return crashCall(s.c, false, func() ([]mount.Mount, error) { return s.Snapshotter.Mounts(ctx, key) })
 }
 
 func (s crashSn) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
-	if s.c.dead() {
-		return nil, errCrashed
-	}
-	defer s.c.change()
-	return s.Snapshotter.Prepare(ctx, key, parent, opts...)
+	return crashCall(s.c, true, func() ([]mount.Mount, error) { return s.Snapshotter.Prepare(ctx, key, parent, opts...) })
 }
 
 func (s crashSn) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
-	if s.c.dead() {
-		return errCrashed
-	}
-	defer s.c.change()
-	return s.Snapshotter.Commit(ctx, name, key, opts...)
+	return crashChange(s.c, func() error { return s.Snapshotter.Commit(ctx, name, key, opts...) })
 }
 
 func (s crashSn) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (snapshots.Info, error) {
-	if s.c.dead() {
-		return snapshots.Info{}, errCrashed
-	}
-	defer s.c.change()
-	return s.Snapshotter.Update(ctx, info, fieldpaths...)
+	return crashCall(s.c, true, func() (snapshots.Info, error) { return s.Snapshotter.Update(ctx, info, fieldpaths...) })
 }
 
 func (s crashSn) Remove(ctx context.Context, key string) error {
-	if s.c.dead() {
-		return errCrashed
-	}
-	defer s.c.change()
-	return s.Snapshotter.Remove(ctx, key)
+	return crashChange(s.c, func() error { return s.Snapshotter.Remove(ctx, key) })
 }
 
 type crashCs struct {
@@ -200,16 +194,9 @@ type crashCs struct {
 }
 
 func (s crashCs) Get(ctx context.Context, id string) (containers.Container, error) {
-	if s.c.dead() {
-		return containers.Container{}, errCrashed
-	}
-	return s.Store.Get(ctx, id)
+	return crashCall(s.c, false, func() (containers.Container, error) { return s.Store.Get(ctx, id) })
 }
 
 func (s crashCs) Update(ctx context.Context, ctr containers.Container, fieldpaths ...string) (containers.Container, error) {
-	if s.c.dead() {
-		return containers.Container{}, errCrashed
-	}
-	defer s.c.change()
-	return s.Store.Update(ctx, ctr, fieldpaths...)
+	return crashCall(s.c, true, func() (containers.Container, error) { return s.Store.Update(ctx, ctr, fieldpaths...) })
 }

@@ -18,7 +18,7 @@ func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string
 	var opts ckclient.PruneOptions
 	fs.Var((*dirList)(&opts.Dirs), "dir", "a `DIR` whose subdirectories are checkpoint image directories that count as references (repeatable; default: nerdctl's checkpoints directory, <data_root>/checkpoints of its nerdctl.toml, when it exists)")
 	fs.BoolVar(&opts.Unreferenced, "unreferenced", false, "also remove checkpoints with no recorded image directory that no checkpoint image and no --dir holds")
-	fs.BoolVar(&opts.Orphaned, "orphaned", false, "also remove the checkpoints whose container is gone and that no container descends from (forked, restored or rolled back from)")
+	fs.BoolVar(&opts.Orphaned, "orphaned", false, "also remove the checkpoints whose container is gone and that no container descends from (forked, restored or rolled back from), and in namespace k8s.io the volumes of pod forks whose pod is gone")
 	fs.BoolVar(&opts.DryRun, "dry-run", false, "print what would be removed, remove nothing")
 	fs.BoolVar(&opts.GC, "gc", false, "collect garbage before returning, so that the layers nothing else uses are freed now")
 	out := outputFlags(fs, "the ids removed (with --dry-run: that would be)")
@@ -35,7 +35,7 @@ func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string
 		switch {
 		case out.quiet:
 			for _, p := range res {
-				if p.ImageDir == "" {
+				if p.Checkpoint() {
 					out.ids(cli.stdout, p.ID)
 				}
 			}
@@ -51,9 +51,12 @@ func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string
 					verb = "would remove"
 				}
 				what := p.ID
-				if p.ImageDir != "" {
+				switch {
+				case p.ImageDir != "":
 					what = "image directory " + p.ImageDir
-				} else {
+				case p.ForkVolumes != "":
+					what = "pod fork volumes " + p.ForkVolumes
+				default:
 					checkpoints++
 				}
 				fmt.Fprintf(cli.stdout, "%s %s: %s\n", verb, what, p.Reason)

@@ -192,7 +192,9 @@ func (c *Client) discardPod(ctx context.Context, rec podckpt.Record) {
 // as `checkpoint rm --image` removes one (a later checkpoint whose memory is stored against a
 // member's is re-parented first), and its directory with the volume copies. Forks keep running:
 // their volumes are apart (pod-forks/), and a fork's restored containers need nothing of the
-// checkpoint but the frozen layers, which their rootfs holds.
+// checkpoint but the frozen layers, which their rootfs holds. The volumes of forks, of any pod
+// checkpoint, whose pod is gone are removed too (goneForks); failing that is only logged, as
+// the pod checkpoint is gone and checkpoint prune --orphaned sweeps them again.
 func (c *Client) PodRemove(ctx context.Context, ref string) (podckpt.Record, error) {
 	k := c.cri()
 	ctx = k.Context(ctx)
@@ -200,7 +202,13 @@ func (c *Client) PodRemove(ctx context.Context, ref string) (podckpt.Record, err
 	if err != nil {
 		return podckpt.Record{}, err
 	}
-	return rec, k.removePod(ctx, rec)
+	if err := k.removePod(ctx, rec); err != nil {
+		return rec, err
+	}
+	if _, err := k.goneForks(ctx, false); err != nil {
+		log.G(ctx).WithError(err).Warn("remove the volumes of gone pod forks")
+	}
+	return rec, nil
 }
 
 // removePod removes rec's members that are still listed, then its directory.

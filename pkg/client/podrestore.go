@@ -130,16 +130,10 @@ type podFork struct {
 	res      PodRestored
 }
 
-// run copies the volumes, runs the sandbox and restores the containers into it.
+// run runs the sandbox, copies the volumes and restores the containers into it. The sandbox
+// comes first: a copy in pod-forks/ whose pod CRI does not list is taken for a gone fork's
+// (goneForks).
 func (f *podFork) run(ctx context.Context) error {
-	f.dir = filepath.Join(filepath.Dir(f.rec.Dir), "pod-forks", f.cfg.GetMetadata().GetUid())
-	for i, v := range f.rec.Volumes {
-		to := filepath.Join(f.dir, fmt.Sprint(i))
-		if _, err := podckpt.Copy(f.rec.CopyDir(v), to); err != nil {
-			return err
-		}
-		f.res.Volumes[v.HostPath] = to
-	}
 	if dir := f.cfg.GetLogDirectory(); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("log directory of the fork: %w", err)
@@ -151,6 +145,14 @@ func (f *podFork) run(ctx context.Context) error {
 		return fmt.Errorf("run pod %s: %w", f.res.Pod, errgrpc.ToNative(err))
 	}
 	f.res.Sandbox = run.GetPodSandboxId()
+	f.dir = podckpt.ForkDir(filepath.Dir(f.rec.Dir), f.cfg.GetMetadata().GetUid())
+	for i, v := range f.rec.Volumes {
+		to := filepath.Join(f.dir, fmt.Sprint(i))
+		if _, err := podckpt.Copy(f.rec.CopyDir(v), to); err != nil {
+			return err
+		}
+		f.res.Volumes[v.HostPath] = to
+	}
 	for _, m := range f.rec.Members {
 		id, err := f.restore(ctx, m)
 		if err != nil {

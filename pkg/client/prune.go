@@ -27,7 +27,7 @@ type PruneOptions struct {
 	// descends from (docs/cli.md, lifetime): a container's checkpoints outlive it, as its history
 	// and the state its forks came from, until nothing uses them. And it removes the image
 	// directories in this containerd's own checkpoints directory (Paths) whose checkpoint is no
-	// longer listed.
+	// longer listed, and, in CRINamespace, the volume copies of pod forks whose pod is gone.
 	Orphaned bool
 	DryRun   bool // say what would go, remove nothing
 	GC       bool // collect garbage before returning, so that freed layers go now
@@ -43,7 +43,13 @@ type Pruned struct {
 	// ImageDir is set for an image directory removed by Orphaned: its checkpoint was removed
 	// before (or just now, when it is listed as well).
 	ImageDir string `json:"imageDir,omitempty"`
+	// ForkVolumes is set for the volume copies of a pod fork whose pod is gone, removed by
+	// Orphaned in CRINamespace; ID is then the pod's uid.
+	ForkVolumes string `json:"forkVolumes,omitempty"`
 }
+
+// Checkpoint says whether p is a checkpoint, not a directory.
+func (p Pruned) Checkpoint() bool { return p.ImageDir == "" && p.ForkVolumes == "" }
 
 // Prune removes the checkpoints opts selects, children before their parents, and returns them
 // and how many checkpoints there were.
@@ -96,6 +102,13 @@ func (c *Client) Prune(ctx context.Context, opts PruneOptions) ([]Pruned, int, e
 	if opts.Orphaned {
 		dirs, err := c.orphanedDirs(ctx, lines, res, opts.DryRun)
 		res = append(res, dirs...)
+		if err != nil {
+			return res, len(lines), err
+		}
+	}
+	if opts.Orphaned && c.namespace == CRINamespace {
+		forks, err := c.goneForks(ctx, opts.DryRun)
+		res = append(res, forks...)
 		if err != nil {
 			return res, len(lines), err
 		}
