@@ -12,6 +12,7 @@ import (
 
 	client "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 
 	"github.com/cklite/cklite/integration/harness"
@@ -362,4 +363,55 @@ func cmdline(pid int) string {
 		return ""
 	}
 	return strings.Join(strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00"), " ")
+}
+
+// TestInitCRI: a pod annotated cklite.io/init=true (the CRI passes cklite.io/* pod annotations
+// to cklite, pod_annotations): its container runs under cklite's init, ExecSync's codes are exact
+// (0, 1, 255, 137), 100 ExecSyncs under busybox `sleep` leave no zombie, and the pod's sandbox
+// runs its pause process (the test's pause image: a shell) as PID 1, without the init.
+func TestInitCRI(t *testing.T) {
+	d, cri := startCRI(t)
+	ctx := criContext(t)
+	pod, id := runAnnotatedSleeper(t, cri, "init", map[string]string{"cklite.io/init": "true"})
+	for _, want := range []int32{0, 1, 255} {
+		expectExecSync(t, cri, id, fmt.Sprintf("exit %d", want), 10, want)
+	}
+	expectExecSync(t, cri, id, "kill -9 $$", 10, 137)
+	for range 100 {
+		expectExecSync(t, cri, id, "true", 10, 0)
+	}
+
+	nsCtx := namespaces.WithNamespace(ctx, harness.CRINamespace)
+	taskOf := func(id string) client.Task {
+		c, err := d.Client().LoadContainer(nsCtx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		task, err := c.Task(nsCtx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return task
+	}
+	task := taskOf(id)
+	if got, want := cmdline(int(task.Pid())), exechelper.InitPath+" -- sleep 1000000"; got != want {
+		t.Fatalf("the container's process runs %q, want %q", got, want)
+	}
+	eventually(t, "no zombie in the container", func() error {
+		ps, err := task.Pids(nsCtx)
+		if err != nil {
+			return err
+		}
+		var pids []uint32
+		for _, p := range ps {
+			pids = append(pids, p.Pid)
+		}
+		if z := zombiesOf(pids); len(z) > 0 {
+			return fmt.Errorf("zombies %v", z)
+		}
+		return nil
+	})
+	if got := cmdline(int(taskOf(pod.ID).Pid())); got == "" || strings.HasPrefix(got, exechelper.InitPath) {
+		t.Fatalf("the pod's sandbox runs %q, want its pause process without the init", got)
+	}
 }
