@@ -190,8 +190,8 @@ func TestInitSignals(t *testing.T) {
 
 // TestInitCheckpointRollback: cklite's init, its entrypoint and an exec'd process, each serving
 // probes with a token drawn at start, are kept by a leave-running checkpoint and come back with
-// their tokens after a rollback in place, in a fork and in a container created from the
-// checkpoint exported as an image; after the rollback the init is PID 1 again, execs report
+// their tokens after a rollback in place, in a fork, in a container created from the checkpoint
+// exported as an image and in a new task restored from its image directory; after the rollback the init is PID 1 again, execs report
 // exact exit codes and leave no zombie, and `ctr tasks kill -s TERM` ends the restored task
 // with its entrypoint's status.
 func TestInitCheckpointRollback(t *testing.T) {
@@ -221,7 +221,8 @@ func TestInitCheckpointRollback(t *testing.T) {
 		}
 	}
 
-	m := createdID.FindStringSubmatch(cklite(t, e.d, "checkpoint", "create", c.ID()))
+	dir := checkpointDir(t, e.d, "init-ck")
+	m := createdID.FindStringSubmatch(cklite(t, e.d, "checkpoint", "create", "--image-path", dir, c.ID()))
 	if m == nil {
 		t.Fatal("cklite checkpoint create printed no checkpoint id")
 	}
@@ -275,6 +276,14 @@ func TestInitCheckpointRollback(t *testing.T) {
 	if st := <-exited; st.ExitCode() != 128+uint32(syscall.SIGTERM) {
 		t.Fatalf("restored task exited %d after SIGTERM, want %d (its entrypoint's status)", st.ExitCode(), 128+syscall.SIGTERM)
 	}
+
+	// A new task from the checkpoint's image directory (the Go client's restore, as ctr's and
+	// nerdctl start --checkpoint's): the init comes back with the dump, and reaps.
+	task = e.rollback(t, c, dir)
+	expectProbes(t, rootfs, "in a new task restored from the image directory")
+	expectInit(t, e, c.ID(), task, "sh -c "+probeScript("entry"))
+	e.expectExecExit(t, task, 0, "exit 7", 7)
+	expectNoZombies(t, e, task)
 }
 
 // expectInit checks that task's PID 1 is cklite's init running the entrypoint (cmd, its command
