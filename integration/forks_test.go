@@ -35,7 +35,8 @@ func TestForksMany(t *testing.T) {
 	testForks(t, n)
 }
 
-// forkScript is the counter at 2 rounds a second, with a line on stdout every second. The usual 50 rounds a second, each forking, in every fork would keep a cgroup v1 freezer
+// forkScript is the counter at 2 rounds a second, with a line on stdout every second for nerdctl
+// logs. The usual 50 rounds a second, each forking, in every fork would keep a cgroup v1 freezer
 // from freezing any of them on a loaded machine ("pause: unable to freeze": each task must be
 // scheduled to freeze), whatever cklite does.
 var forkScript = `(while :; do echo tick; sleep 1; done) & ` + strings.Replace(workload.CounterScript, "sleep 0.02", "sleep 0.5", 1)
@@ -44,8 +45,7 @@ var forkScript = `(while :; do echo tick; sleep 1; done) & ` + strings.Replace(w
 var forkRunningRE = regexp.MustCompile(`(?m)^  (\S+) \(([0-9a-f]{12})\) running, restored in \S+$`)
 
 // testForks forks a nerdctl container n times and checks each fork is a container of its own: a
-// nerdctl name (exec, ps, rm by name; the parent's name still unambiguous; `nerdctl logs` of a
-// fork is not checked: its logger's file was sometimes never made, not yet understood), its own
+// nerdctl name (exec, logs, ps, rm by name; the parent's name still unambiguous), its own
 // /etc/hosts, /etc/resolv.conf, /etc/hostname and hostname, its own address on the parent's
 // network; then removes the parent with nerdctl and checkpoints and rolls back the forks (at most
 // 10 of them), and removes them by name.
@@ -115,6 +115,19 @@ func testForks(t *testing.T, n int) {
 		if cgroups := forkCgroups(t, e, ids[i]); strings.Contains(cgroups, parentID) {
 			t.Fatalf("%s's processes are in the parent's cgroups:\n%s", name, cgroups)
 		}
+		// The fork's log file is there from the start, as nerdctl run makes it, and its output
+		// reaches it: nerdctl's logging binary stopped for good when its first State of the task
+		// failed, which it did when the restore at Start took containerd's 2 s (shim.State).
+		eventually(t, "nerdctl logs of "+name, func() error {
+			r := nerdctlResult(t, e.d, "", "logs", name)
+			if r.code != 0 {
+				t.Fatalf("nerdctl logs %s: exit status %d: %s", name, r.code, strings.TrimSpace(r.stderr))
+			}
+			if !strings.Contains(r.stdout, "tick") {
+				return fmt.Errorf("no tick in %q", r.stdout)
+			}
+			return nil
+		})
 	}
 	if got := mustNerdctl(t, e.d, "exec", parent, "cat", "/etc/resolv.conf"); got != parentResolv {
 		t.Fatalf("the forks rewrote the parent's /etc/resolv.conf: %q, was %q", got, parentResolv)

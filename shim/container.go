@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -35,7 +36,9 @@ type container struct {
 	eng        engine // read through engine(): an in-place checkpoint or rollback replaces it
 	init       *process
 	checkpoint string // image directory to restore from at Start, if created from a checkpoint
-	fromImage  bool   // that checkpoint came with the container's image: its rootfs is the checkpoint's
+	// startRestoring: Start is restoring the init from that checkpoint (State does not wait for it)
+	startRestoring atomic.Bool
+	fromImage      bool // that checkpoint came with the container's image: its rootfs is the checkpoint's
 	// admitMounted: the checkpoint's images are admitted once the rootfs is mounted (prepareRestore)
 	admitMounted bool
 	dumped       checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with

@@ -29,7 +29,10 @@
 // in place, under its watchdog), a Kill or Delete of the task first ends that restore
 // (cancelRestore), so that it does not wait on a restore that may not finish; the task then ends
 // stopped and the queued call acts on that. Calls that do not touch the engine do not wait:
-// Wait, Stats (the cgroup it read last), CloseIO, ResizePty, Connect, Kill of an exec. The engine
+// Wait, Stats (the cgroup it read last), CloseIO, ResizePty, Connect, Kill of an exec; nor does
+// State during a restore at Start, which answers created: containerd gives State 2 s and fails
+// it past them, and a logging binary (nerdctl's) started by the restore asks for the task
+// meanwhile and gives up on such a failure, so the restored task's output would reach no log. The engine
 // itself is read through container.engine(), under the container's mutex, everywhere.
 //
 // The in-place cycle that a checkpoint leaving the task running and a rollback share is written

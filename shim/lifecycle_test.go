@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -234,3 +236,57 @@ func isNil(err error) bool { return err == nil }
 
 // engineCall is the engine call a task API call makes on a running task.
 var engineCall = map[string]string{"Kill": "Signal 15", "Pause": "Pause", "Update": "Update"}
+
+// State of an init that Start is restoring answers created at once: containerd fails a State
+// that takes 2 s, and nerdctl's logging binary, started by the restore, stops logging when its
+// first State fails. During a checkpoint or rollback it waits (TestCallsDuringCheckpoint).
+func TestStateDuringRestoreAtStart(t *testing.T) {
+	e := newFakeEngine(t, "engine")
+	e.block["Restore"] = true
+	s, c := fakeService(t, e, nil)
+	c.init = newProcess("c", true, stdio{})
+	c.init.spec = &specs.Process{Args: []string{"sleep", "1000"}, Cwd: "/"}
+	c.checkpoint, c.opts = memoryCheckpoint(t), &options.Options{}
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	startDone := make(chan error, 1)
+	go func() {
+		_, err := s.Start(ctx, &taskAPI.StartRequest{ID: "c"})
+		startDone <- err
+	}()
+	select {
+	case <-e.entered:
+	case err := <-startDone:
+		t.Fatalf("Start ended before its restore: %v", err)
+	}
+	stateDone := make(chan error, 1)
+	var st *taskAPI.StateResponse
+	go func() {
+		var err error
+		st, err = s.State(ctx, &taskAPI.StateRequest{ID: "c"})
+		stateDone <- err
+	}()
+	for {
+		if c.lifecycle.waiting.Load() > 0 {
+			close(e.release)
+			<-startDone
+			t.Fatal("State waits for the restore at Start")
+		}
+		select {
+		case err := <-stateDone:
+			if err != nil || st.Status != task.Status_CREATED {
+				t.Fatalf("State during the restore at Start: %v, %v; want created", st, err)
+			}
+			close(e.release)
+			// The fake restore starts no process: Start fails, and the task is created again.
+			if err := <-startDone; err == nil {
+				t.Fatal("Start succeeded with a restore that started nothing")
+			}
+			if c.startRestoring.Load() {
+				t.Fatal("the restore at Start is over, and State still would not wait")
+			}
+			return
+		default:
+			runtime.Gosched()
+		}
+	}
+}

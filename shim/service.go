@@ -174,7 +174,10 @@ func (s *service) startContainer(ctx context.Context, c *container) error {
 		if _, err := p.transition("start", statusRestoring); err != nil {
 			return err
 		}
-		if err := s.restore(ctx, c); err != nil {
+		c.startRestoring.Store(true)
+		err := s.restore(ctx, c)
+		c.startRestoring.Store(false)
+		if err != nil {
 			p.settle(statusRestoring, statusCreated) // nothing runs: the task can be deleted
 			return err
 		}
@@ -350,7 +353,13 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 		return nil, err
 	}
 	st := p.status()
-	if p.init {
+	switch {
+	case p.init && c.startRestoring.Load():
+		// Not started yet, and not waited for: containerd gives State 2 s (its stateTimeout),
+		// a restore may take longer, and the logging binary the restore starts (nerdctl's) asks
+		// for the task meanwhile and, refused, stops logging for good.
+		st = statusCreated
+	case p.init:
 		c.lifecycle.Lock()
 		if st = p.status(); st == statusRunning && c.engine().Paused() {
 			st = statusPaused

@@ -22,10 +22,7 @@ func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string)
 	var labels labelList
 	fs.Var(&labels, "label", "only the checkpoints with label `KEY=VALUE` (repeatable: all of them)")
 	return func(ctx context.Context, cli *cli, args []string) error {
-		if len(args) > 0 {
-			return usageError("checkpoint ls takes no arguments, got %q", args)
-		}
-		cl, err := cli.open(ctx, out)
+		cl, err := cli.openNoArgs(ctx, fs, out, args)
 		if err != nil {
 			return err
 		}

@@ -93,6 +93,22 @@ func (c *cli) open(ctx context.Context, out *output) (*ckclient.Client, error) {
 	return c.connect(ctx)
 }
 
+// openNoArgs is open for command fs, which takes no arguments.
+func (c *cli) openNoArgs(ctx context.Context, fs *flag.FlagSet, out *output, args []string) (*ckclient.Client, error) {
+	if err := noArgs(fs, args); err != nil {
+		return nil, err
+	}
+	return c.open(ctx, out)
+}
+
+// noArgs refuses the arguments given to command fs, which takes none.
+func noArgs(fs *flag.FlagSet, args []string) error {
+	if len(args) > 0 {
+		return usageError("%s takes no arguments, got %q", strings.TrimPrefix(fs.Name(), "cklite "), args)
+	}
+	return nil
+}
+
 // containerd returns a client of containerd and ctx in the namespace of the global options.
 func (c *cli) containerd(ctx context.Context) (*client.Client, context.Context, error) {
 	cl, err := c.connect(ctx)

@@ -21,10 +21,7 @@ type pathsReport struct {
 func pathsFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	out := outputFlags(fs, "the namespace's checkpoints directory")
 	return func(ctx context.Context, cli *cli, args []string) error {
-		if len(args) > 0 {
-			return usageError("paths takes no arguments, got %q", args)
-		}
-		cl, err := cli.open(ctx, out)
+		cl, err := cli.openNoArgs(ctx, fs, out, args)
 		if err != nil {
 			return err
 		}

@@ -52,10 +52,7 @@ func podCheckpointFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) 
 func podListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 	out := outputFlags(fs, "the ids, oldest first")
 	return func(ctx context.Context, cli *cli, args []string) error {
-		if len(args) > 0 {
-			return usageError("pod ls takes no arguments, got %q", args)
-		}
-		cl, err := cli.open(ctx, out)
+		cl, err := cli.openNoArgs(ctx, fs, out, args)
 		if err != nil {
 			return err
 		}

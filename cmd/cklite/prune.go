@@ -23,10 +23,7 @@ func checkpointPruneFlags(fs *flag.FlagSet) func(context.Context, *cli, []string
 	fs.BoolVar(&opts.GC, "gc", false, "collect garbage before returning, so that the layers nothing else uses are freed now")
 	out := outputFlags(fs, "the ids removed (with --dry-run: that would be)")
 	return func(ctx context.Context, cli *cli, args []string) error {
-		if len(args) > 0 {
-			return usageError("checkpoint prune takes no arguments, got %q", args)
-		}
-		cl, err := cli.open(ctx, out)
+		cl, err := cli.openNoArgs(ctx, fs, out, args)
 		if err != nil {
 			return err
 		}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -183,8 +182,8 @@ func daemonStopFlags(fs *flag.FlagSet) func(context.Context, *cli, []string) err
 func rootFlag(fs *flag.FlagSet, usage string) func(args []string) (string, error) {
 	root := fs.String("root", os.Getenv("CKLITE_ROOT"), "`DIR` "+usage+" (env CKLITE_ROOT)")
 	return func(args []string) (string, error) {
-		if len(args) > 0 {
-			return "", usageError("%s takes no arguments, got %q", strings.TrimPrefix(fs.Name(), "cklite "), args)
+		if err := noArgs(fs, args); err != nil {
+			return "", err
 		}
 		if *root == "" {
 			return "", usageError("no --root DIR given (nor CKLITE_ROOT)")

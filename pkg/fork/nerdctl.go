@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -36,6 +37,9 @@ const (
 	nerdctlHostname  = nerdctlPrefix + "hostname"
 	nerdctlLogURI    = nerdctlPrefix + "log-uri"
 	nerdctlNetworks  = nerdctlPrefix + "networks"
+	// nerdctlLogPath is the json-file driver's option naming its file (default
+	// <state dir>/<id>-json.log), in log-config.json.
+	nerdctlLogPath = "log-path"
 )
 
 // keptNerdctlLabels are the original's nerdctl labels a fork keeps as they are: they describe how
@@ -184,16 +188,45 @@ func (f identity) ownFiles(original containers.Container, spec *specs.Spec) (map
 			moved[m.Source] = dest
 		}
 	}
-	// nerdctl's log driver reads the container's log-config.json from its state directory.
-	if data, err := os.ReadFile(filepath.Join(f.store.stateDir(original.ID), "log-config.json")); err == nil {
-		if err := os.MkdirAll(f.store.stateDir(f.id), 0o700); err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(filepath.Join(f.store.stateDir(f.id), "log-config.json"), data, 0o600); err != nil {
-			return nil, err
+	return moved, f.ownLogConfig(original)
+}
+
+// ownLogConfig gives fork f the original's log driver: nerdctl's logging binary (the original's
+// log URI, which the fork keeps) reads it from log-config.json in the container's state
+// directory. For the json-file driver it also makes the fork's empty log file, as `nerdctl run`
+// does (the driver's Init): the binary makes it only when it writes a first line, and until then
+// `nerdctl logs` fails. A log-path option is left out: it names the original's file.
+func (f identity) ownLogConfig(original containers.Container) error {
+	data, err := os.ReadFile(filepath.Join(f.store.stateDir(original.ID), "log-config.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("log configuration of container %s: %w", original.ID, err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return fmt.Errorf("log configuration of container %s: %w", original.ID, err)
+	}
+	if opts, ok := cfg["opts"].(map[string]any); ok && opts[nerdctlLogPath] != nil {
+		delete(opts, nerdctlLogPath)
+		if data, err = json.Marshal(cfg); err != nil {
+			return err
 		}
 	}
-	return moved, nil
+	dir := f.store.stateDir(f.id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "log-config.json"), data, 0o600); err != nil {
+		return fmt.Errorf("the fork's log configuration: %w", err)
+	}
+	if cfg["driver"] == "json-file" {
+		if err := os.WriteFile(filepath.Join(dir, f.id+"-json.log"), nil, 0o600); err != nil {
+			return fmt.Errorf("the fork's log file: %w", err)
+		}
+	}
+	return nil
 }
 
 // removeFiles removes what ownFiles and acquire made for fork f.

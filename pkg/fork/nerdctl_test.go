@@ -71,7 +71,7 @@ func TestOwnFiles(t *testing.T) {
 		filepath.Join(store.stateDir("0f1e"), "resolv.conf"):     "nameserver 10.4.0.1\n",
 		filepath.Join(store.stateDir("0f1e"), "hostname"):        "0f1e\n",
 		filepath.Join(store.hostsDir("0f1e"), "hosts"):           "127.0.0.1\tlocalhost\n10.4.0.7\t0f1e web\n",
-		filepath.Join(store.stateDir("0f1e"), "log-config.json"): `{"driver":"json-file"}`,
+		filepath.Join(store.stateDir("0f1e"), "log-config.json"): `{"driver":"json-file","opts":{"log-path":"/var/log/web.log","max-size":"1m"}}`,
 	}
 	for p, d := range files {
 		write(p, d)
@@ -91,7 +91,9 @@ func TestOwnFiles(t *testing.T) {
 		filepath.Join(store.stateDir("f1f1"), "resolv.conf"):     "nameserver 10.4.0.1\n",
 		filepath.Join(store.stateDir("f1f1"), "hostname"):        "f1f1\n",
 		filepath.Join(store.hostsDir("f1f1"), "hosts"):           "127.0.0.1\tlocalhost\n10.4.0.7\tf1f1\tweb-fork-1\n",
-		filepath.Join(store.stateDir("f1f1"), "log-config.json"): `{"driver":"json-file"}`,
+		filepath.Join(store.stateDir("f1f1"), "log-config.json"): `{"driver":"json-file","opts":{"max-size":"1m"}}`,
+		// The json-file driver's file, which nerdctl logs reads, as nerdctl run makes it.
+		filepath.Join(store.stateDir("f1f1"), "f1f1-json.log"): "",
 	}
 	for p, d := range want {
 		if got, err := os.ReadFile(p); err != nil || string(got) != d {

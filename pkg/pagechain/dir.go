@@ -1,7 +1,6 @@
 package pagechain
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -205,17 +204,7 @@ func rewriteProcess(dir string, dirs []string, pid uint32, m mode, id uint32) (*
 	if err != nil {
 		return nil, Counts{}, err
 	}
-	bw := bufio.NewWriterSize(f, 1<<20)
-	runs, n, err := rewrite(src, m, bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	runs, n, err := rewriteFile(src, m, f, true)
 	if err != nil {
 		os.Remove(s.tmpPages)
 		return nil, Counts{}, fmt.Errorf("rewrite pages of process %d in %s: %w", pid, dir, err)

@@ -1,7 +1,6 @@
 package pagechain
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -86,14 +85,7 @@ func flattenProcess(dirs []string, pid uint32, out string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	bw := bufio.NewWriterSize(f, 1<<20)
-	runs, _, err := rewrite(src, flatten, bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	runs, _, err := rewriteFile(src, flatten, f, false)
 	if err != nil {
 		return nil, err
 	}

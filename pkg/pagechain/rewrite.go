@@ -1,9 +1,11 @@
 package pagechain
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/cklite/cklite/pkg/criuimage"
 )
@@ -58,6 +60,23 @@ func (e *emitter) emit(vaddr, pages uint64, flags uint32, data []byte) error {
 	}
 	e.runs = append(e.runs, criuimage.PageRun{Vaddr: vaddr, Pages: pages, Flags: flags})
 	return nil
+}
+
+// rewriteFile is rewrite into the pages file f, which it closes; synced first when sync (a file
+// that replaces another, which must be whole before it does).
+func rewriteFile(src *source, m mode, f *os.File, sync bool) ([]criuimage.PageRun, Counts, error) {
+	bw := bufio.NewWriterSize(f, 1<<20)
+	runs, n, err := rewrite(src, m, bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil && sync {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return runs, n, err
 }
 
 // rewrite writes process src.pid's pages, as m decides, to w and returns the new runs.
