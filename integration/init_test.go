@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 
 	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/pkg/criuimage"
 	"github.com/cklite/cklite/pkg/exechelper"
 )
 
@@ -188,6 +189,9 @@ func TestInitSignals(t *testing.T) {
 	}
 }
 
+// maxInitDump bounds the init's memory in a dump: it is in every checkpoint (measured: under 1 MiB).
+const maxInitDump = 4 << 20
+
 // TestInitCheckpointRollback: cklite's init, its entrypoint and an exec'd process, each serving
 // probes with a token drawn at start, are kept by a leave-running checkpoint and come back with
 // their tokens after a rollback in place, in a fork, in a container created from the checkpoint
@@ -227,6 +231,16 @@ func TestInitCheckpointRollback(t *testing.T) {
 		t.Fatal("cklite checkpoint create printed no checkpoint id")
 	}
 	expectProbes(t, rootfs, "after the leave-running checkpoint")
+	// The init is PID 1 in the container, pagemap-1.img in the dump.
+	pm, err := criuimage.ReadPagemap(filepath.Join(dir, criuimage.PagemapName(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dumped := pm.PresentPages() * uint64(os.Getpagesize())
+	t.Logf("the init's memory in the dump: %d KiB", dumped>>10)
+	if dumped > maxInitDump {
+		t.Fatalf("the init's memory in the dump is %d KiB, want at most %d", dumped>>10, maxInitDump>>10)
+	}
 	expectInit(t, e, c.ID(), task, "sh -c "+probeScript("entry"))
 
 	if err := srv.Kill(e.ctx, syscall.SIGKILL); err != nil {
