@@ -271,15 +271,18 @@ func unpack(t *testing.T, e *ckEnv, img client.Image, snapshotter ...string) {
 	logTiming(t, "unpack of the checkpoint image into "+sn, start)
 }
 
-// clearCache removes the shim's extracted copy of blob from the daemon's cache, so that the next
-// restore extracts it.
-func (e *ckEnv) clearCache(t *testing.T, blob ocispec.Descriptor) {
+// clearCache removes the shim's extracted copies of chain (a checkpoint image's CRIU blobs, bottom
+// first: each directory of the chain) from the daemon's cache, so that the next restore extracts
+// them.
+func (e *ckEnv) clearCache(t *testing.T, chain ...ocispec.Descriptor) {
 	t.Helper()
 	inst, err := e.d.Instance(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(filepath.Join(inst.ImageCache(), blob.Digest.Encoded())); err != nil {
-		t.Fatal(err)
+	for i := range chain {
+		if err := os.RemoveAll(ckimage.CacheDir(inst.ImageCache(), chain[:i+1])); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -27,7 +27,9 @@ const imageCacheTTL = 24 * time.Hour
 // from (its entrypoint is ckimage.Marker): the image's CRIU blob, extracted once into this containerd's
 // cache (pkg/paths). Its rootfs, prepared by the client from the image's layers, is already the checkpoint's
 // filesystem, so the restore needs nothing else: the same node restores on layers it unpacked
-// from its own frozen chain, any other node on the layers it pulled.
+// from its own frozen chain, any other node on the layers it pulled. A checkpoint whose memory is
+// stored as what changed since its parent's is extracted as a chain of image directories in the
+// cache, admitted at the restore as a chain below the cache (admitChain).
 func (s *service) imageCheckpoint(ctx context.Context, ns, id string, spec *specs.Spec) (string, error) {
 	start := time.Now()
 	ctx = namespaces.WithNamespace(ctx, ns)
@@ -65,7 +67,7 @@ func (s *service) imageCheckpoint(ctx context.Context, ns, id string, spec *spec
 		return "", err
 	}
 	cache := inst.ImageCache()
-	dir, err := ckimage.Extract(ctx, cs, ck.Blob, cache)
+	dir, err := ckimage.Extract(ctx, cs, ck.Chain(), cache)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint image %s: %w", name, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,7 +131,7 @@ func (s *service) memoryParent(ctx context.Context, ns string, meta checkpoint.M
 
 // admitChain is admitImages for this shim's containerd: an image directory whose pages are partly
 // in parent image directories is admitted when the whole chain is in cklite's checkpoints
-// directory. The chain is read-locked meanwhile: no deduplication rewrites it under the check.
+// directory, or in its checkpoint image cache. The chain is read-locked meanwhile: no deduplication rewrites it under the check.
 // With rootfs (the container's, mounted), the spec's mount destinations are resolved in it.
 func (s *service) admitChain(dir string, spec *specs.Spec, rootfs string) error {
 	var opts []criuimage.AdmitOption
@@ -151,7 +152,19 @@ func (s *service) admitChain(dir string, spec *specs.Spec, rootfs string) error 
 		if err != nil {
 			return fmt.Errorf("checkpoint image %s has a parent image directory, whose place cannot be checked: %w", dir, err)
 		}
-		opts = append(opts, criuimage.ParentsUnder(inst.Checkpoints()))
+		// A checkpoint image's chain is extracted into the image cache (image_restore.go), the
+		// chains cklite deduplicated are in its checkpoints directory: neither may leave its own.
+		root := inst.Checkpoints()
+		if below(dir, inst.ImageCache()) {
+			root = inst.ImageCache()
+		}
+		opts = append(opts, criuimage.ParentsUnder(root))
 	}
 	return admitImages(dir, spec, opts...)
+}
+
+// below reports whether path lies below dir, both cleaned as they are (admission resolves links).
+func below(path, dir string) bool {
+	rel, err := filepath.Rel(filepath.Clean(dir), filepath.Clean(path))
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
 }

@@ -10,9 +10,17 @@
 //     own delta. The chain exists only on the host that took the checkpoint, so that is where a
 //     checkpoint is exported (a CRI archive's rootfs-diff.tar holds nothing for a cklite
 //     checkpoint: the rw layer is frozen before containerd diffs it);
-//   - one blob of MediaTypeCheckpoint: a zstd-compressed tar of the CRIU image directory,
-//     cklite.json included. It is not a layer type, so containerd's unpacker fetches it but
-//     never applies it, and the config's rootfs.diff_ids list only the real layers.
+//   - the checkpoint's memory, one blob per checkpoint of its memory chain, bottom first: a
+//     checkpoint whose memory is stored as what changed since its parent's (pkg/pagechain) has
+//     one blob of MediaTypeCheckpointParent for each image directory up its chain, the root (a
+//     full dump) first, and then its own of MediaTypeCheckpoint, last. Each is a zstd-compressed
+//     tar of one CRIU image directory, cklite.json included, without its parent link, made
+//     deterministically (sorted entries, fixed headers): the blob of a checkpoint is the same
+//     bytes, so the same digest, in every image that holds it. So checkpoint N+1 exported after N
+//     shares N's blobs, and a registry that has N's image stores and uploads only N+1's own.
+//     They are not layer types, so containerd's unpacker fetches them but never applies them,
+//     and the config's rootfs.diff_ids list only the real layers. An image of one checkpoint
+//     blob and no parent is a self-contained dump (what exports before memory chains wrote).
 //
 // The config is the base image's with the entrypoint replaced by Marker, a path that exists in
 // no rootfs and names what is missing: with any runtime but cklite the container fails to start
@@ -33,12 +41,17 @@ import (
 	"path"
 	"slices"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 const (
 	// MediaTypeCheckpoint is the manifest entry holding the CRIU image directory.
 	MediaTypeCheckpoint = "application/vnd.cklite.checkpoint.v1.tar+zstd"
+	// MediaTypeCheckpointParent is a manifest entry holding an image directory of the memory
+	// chain under the checkpoint's: a cklite that does not know it refuses the image (its
+	// checkpoint blob has pages in a parent it lacks) rather than restoring half its memory.
+	MediaTypeCheckpointParent = "application/vnd.cklite.checkpoint.parent.v1.tar+zstd"
 	// Marker is the entrypoint of a checkpoint image.
 	Marker = "/cklite-checkpoint-image:requires-runtime-io.containerd.cklite.v2"
 )
@@ -64,6 +77,11 @@ func BindMounts(spec *specs.Spec) []string {
 	}
 	slices.Sort(dsts)
 	return slices.Compact(dsts)
+}
+
+// IsMemory reports whether a manifest entry is one of a checkpoint image's CRIU image blobs.
+func IsMemory(d ocispec.Descriptor) bool {
+	return d.MediaType == MediaTypeCheckpoint || d.MediaType == MediaTypeCheckpointParent
 }
 
 // IsMarker reports whether a process's args are a checkpoint image's entrypoint.

@@ -19,17 +19,28 @@ import (
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	digest "github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
+	"github.com/cklite/cklite/pkg/criuimage"
 )
 
 // Checkpoint is what a restore needs from a checkpoint image.
 type Checkpoint struct {
-	Blob   ocispec.Descriptor // the CRIU images
-	Config ocispec.ImageConfig
+	Blob ocispec.Descriptor // the CRIU images of the checkpoint
+	// Parents are the CRIU images of its memory chain, bottom first: Blob reads pages from the
+	// last, which reads from the one before, and so on.
+	Parents []ocispec.Descriptor
+	Config  ocispec.ImageConfig
+}
+
+// Chain is the checkpoint's CRIU image blobs, bottom first, Blob last: what Extract takes.
+func (c Checkpoint) Chain() []ocispec.Descriptor {
+	return append(slices.Clone(c.Parents), c.Blob)
 }
 
 // Find returns the checkpoint of the checkpoint image whose manifest (or index) is target. An
@@ -43,6 +54,10 @@ func Find(ctx context.Context, cs content.Provider, name string, target ocispec.
 	if i < 0 {
 		return Checkpoint{}, fmt.Errorf("image %s is not a cklite checkpoint image: its manifest has no %s entry: %w", name, MediaTypeCheckpoint, errdefs.ErrNotFound)
 	}
+	parents, err := memoryParents(m.Layers, i)
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("image %s: %w", name, err)
+	}
 	data, err := content.ReadBlob(ctx, cs, m.Config)
 	if err != nil {
 		return Checkpoint{}, fmt.Errorf("config of image %s: %w", name, err)
@@ -51,7 +66,30 @@ func Find(ctx context.Context, cs content.Provider, name string, target ocispec.
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return Checkpoint{}, fmt.Errorf("config of image %s: %w", name, err)
 	}
-	return Checkpoint{Blob: m.Layers[i], Config: cfg.Config}, nil
+	return Checkpoint{Blob: m.Layers[i], Parents: parents, Config: cfg.Config}, nil
+}
+
+// memoryParents returns the MediaTypeCheckpointParent entries of layers, which must all come
+// right before the checkpoint's own entry, layers[top], and be at most criuimage.MaxChain.
+func memoryParents(layers []ocispec.Descriptor, top int) ([]ocispec.Descriptor, error) {
+	var parents []ocispec.Descriptor
+	for i, l := range layers {
+		if !IsMemory(l) || i == top {
+			continue
+		}
+		if l.MediaType != MediaTypeCheckpointParent || i > top {
+			return nil, fmt.Errorf("manifest entry %d (%s) is a %s after the checkpoint's CRIU images: a checkpoint image has one checkpoint, its memory chain before it: %w",
+				i, l.Digest, l.MediaType, errdefs.ErrInvalidArgument)
+		}
+		parents = append(parents, l)
+	}
+	if len(parents) > 0 && top-len(parents) != slices.IndexFunc(layers, IsMemory) {
+		return nil, fmt.Errorf("the memory chain of the checkpoint's CRIU images is not one run of manifest entries before them: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(parents) > criuimage.MaxChain {
+		return nil, fmt.Errorf("the checkpoint's memory chain has %d parent image directories, more than %d: %w", len(parents), criuimage.MaxChain, errdefs.ErrInvalidArgument)
+	}
+	return parents, nil
 }
 
 // CheckMounts refuses a restore whose container lacks a bind mount the checkpoint was dumped
@@ -80,47 +118,89 @@ func (c Checkpoint) CheckMounts(spec *specs.Spec) error {
 	return nil
 }
 
-// Extract unpacks the CRIU image blob desc into cache/<digest> unless it is there already, and
-// returns that directory, its modification time set to now (its last use, for PruneCache). The
-// blob is verified against its digest and must hold a cklite checkpoint with complete memory
-// images. Containers created at once from one image, by shims of their own, share one copy: the
-// first extracts it while the others wait on the cache's lock.
-func Extract(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, cache string) (string, error) {
+// CacheDir is the directory of cache that Extract unpacks the top of chain (CRIU image blobs,
+// bottom first) into: named by the chain's OCI chain id, so that an image directory is one blob
+// on one chain of parents (a lone blob's is its digest), and the parents shared by the images of
+// several checkpoints are unpacked once.
+func CacheDir(cache string, chain []ocispec.Descriptor) string {
+	digests := make([]digest.Digest, len(chain))
+	for i, d := range chain {
+		digests[i] = d.Digest
+	}
+	return filepath.Join(cache, identity.ChainID(digests).Encoded())
+}
+
+// Extract unpacks the CRIU image blobs of chain (a checkpoint's, Checkpoint.Chain: its memory
+// chain bottom first, the checkpoint last) into cache, each into CacheDir of the chain up to it
+// unless it is there already, each but the first with a parent link to the one below, and
+// returns the last's directory. Every directory of the chain gets its modification time set to
+// now (its last use, for PruneCache; a parent is never older than its children). Each blob is
+// verified against its digest and must hold a cklite checkpoint whose memory images are complete
+// (the pages read from a parent are checked by the restore's admission, pkg/criuimage, against
+// the parent). Containers created at once from one image, by shims of their own, share one copy:
+// the first extracts it while the others wait on the cache's lock.
+func Extract(ctx context.Context, cs content.InfoReaderProvider, chain []ocispec.Descriptor, cache string) (string, error) {
+	if len(chain) == 0 || len(chain) > criuimage.MaxChain+1 {
+		return "", fmt.Errorf("a checkpoint image's memory is 1 to %d CRIU image blobs, not %d: %w", criuimage.MaxChain+1, len(chain), errdefs.ErrInvalidArgument)
+	}
 	unlock, err := lockCache(cache)
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	dir := filepath.Join(cache, desc.Digest.Encoded())
 	now := time.Now()
+	parent := ""
+	for i := range chain {
+		dir := CacheDir(cache, chain[:i+1])
+		if err := extractLevel(ctx, cs, chain[i], dir, parent, now); err != nil {
+			return "", err
+		}
+		parent = dir
+	}
+	return parent, nil
+}
+
+// extractLevel makes dir the image directory of blob desc with a parent link to parent (none
+// when ""), unless it is there already, and sets its modification time to now.
+func extractLevel(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir, parent string, now time.Time) error {
 	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil {
 		if err := os.Chtimes(dir, now, now); err != nil {
-			return "", fmt.Errorf("checkpoint image cache: %w", err)
+			return fmt.Errorf("checkpoint image cache: %w", err)
 		}
-		return dir, nil
+		return nil
 	}
+	cache := filepath.Dir(dir)
 	tmp, err := os.MkdirTemp(cache, ".extract-")
 	if err != nil {
-		return "", fmt.Errorf("checkpoint image cache: %w", err)
+		return fmt.Errorf("checkpoint image cache: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	if err := extractBlob(ctx, cs, desc, tmp); err != nil {
-		return "", err
+		return err
 	}
 	if _, err := checkpoint.Read(tmp); err != nil {
-		return "", fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
+		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
 	}
 	if err := checkpoint.CheckImages(tmp); err != nil {
-		return "", fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
+		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
+	}
+	if parent != "" {
+		// Relative, within the cache: the link reads the same from tmp and from dir. Untar
+		// made no entry of that name (it writes files and directories only, and refuses a
+		// blob that holds one as a file here).
+		if err := os.Symlink(filepath.Join("..", filepath.Base(parent)), filepath.Join(tmp, criuimage.ParentLink)); err != nil {
+			return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) hold an entry %q, which names the parent image directory: %v: %w",
+				desc.Digest, criuimage.ParentLink, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	// Whatever stands at dir without cklite.json is a copy an extraction never finished.
 	if err := os.RemoveAll(dir); err != nil {
-		return "", fmt.Errorf("checkpoint image cache: %w", err)
+		return fmt.Errorf("checkpoint image cache: %w", err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
-		return "", fmt.Errorf("checkpoint image cache: %w", err)
+		return fmt.Errorf("checkpoint image cache: %w", err)
 	}
-	return dir, nil
+	return nil
 }
 
 // lockCache takes the cache's lock, the file cache.lock next to it, shared by every shim on the

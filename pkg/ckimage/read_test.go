@@ -4,13 +4,17 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cklite/cklite/pkg/criuimage"
 )
 
 func TestPruneCache(t *testing.T) {
@@ -73,6 +77,44 @@ func TestCheckMounts(t *testing.T) {
 				t.Fatalf("CheckMounts: %v", err)
 			case tc.wantMissing != "" && (err == nil || !strings.Contains(err.Error(), "bind mounts at "+tc.wantMissing+",") || !errdefs.IsFailedPrecondition(err)):
 				t.Fatalf("CheckMounts: %v, want FailedPrecondition naming %s", err, tc.wantMissing)
+			}
+		})
+	}
+}
+
+// TestMemoryParents: a checkpoint image's memory chain is one run of parent blobs right before the
+// checkpoint's, at most criuimage.MaxChain of them; anything else is refused.
+func TestMemoryParents(t *testing.T) {
+	layer := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayerZstd, Digest: "sha256:l"}
+	parent := func(n string) ocispec.Descriptor {
+		return ocispec.Descriptor{MediaType: MediaTypeCheckpointParent, Digest: digest.Digest("sha256:p" + n)}
+	}
+	top := ocispec.Descriptor{MediaType: MediaTypeCheckpoint, Digest: "sha256:c"}
+	long := []ocispec.Descriptor{layer}
+	for i := range criuimage.MaxChain + 1 {
+		long = append(long, parent(strconv.Itoa(i)))
+	}
+	for _, tc := range []struct {
+		name   string
+		layers []ocispec.Descriptor
+		want   int    // parents found
+		refuse string // "": accepted
+	}{
+		{name: "flattened", layers: []ocispec.Descriptor{layer, top}},
+		{name: "chain", layers: []ocispec.Descriptor{layer, layer, parent("1"), parent("2"), top}, want: 2},
+		{name: "parent after", layers: []ocispec.Descriptor{layer, parent("1"), top, parent("2")}, refuse: "after the checkpoint's CRIU images"},
+		{name: "two checkpoints", layers: []ocispec.Descriptor{layer, top, top}, refuse: "after the checkpoint's CRIU images"},
+		{name: "not one run", layers: []ocispec.Descriptor{parent("1"), layer, parent("2"), top}, refuse: "not one run"},
+		{name: "too long", layers: append(long, top), refuse: "more than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i := slices.IndexFunc(tc.layers, func(d ocispec.Descriptor) bool { return d.MediaType == MediaTypeCheckpoint })
+			parents, err := memoryParents(tc.layers, i)
+			switch {
+			case tc.refuse == "" && (err != nil || len(parents) != tc.want):
+				t.Fatalf("memoryParents: %d, %v; want %d", len(parents), err, tc.want)
+			case tc.refuse != "" && (err == nil || !strings.Contains(err.Error(), tc.refuse) || !errdefs.IsInvalidArgument(err)):
+				t.Fatalf("memoryParents: %v, want InvalidArgument saying %q", err, tc.refuse)
 			}
 		})
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/cklite/cklite/pkg/ckimage/export"
 	"github.com/cklite/cklite/pkg/fault"
 	"github.com/cklite/cklite/pkg/fork"
+	"github.com/cklite/cklite/pkg/pagechain"
 )
 
 // ExportOptions shape Export.
@@ -159,6 +160,10 @@ type source struct {
 	meta    checkpoint.Meta
 	archive *export.Archive
 	tmp     string // removed by close
+	// stored: the shim stores this directory's memory as what changed since its parent's, in
+	// the background after the checkpoint, and writes pagechain.ReportFile when done (a
+	// checkpoint taken into a directory the shim was given: cklite's or the client's).
+	stored bool
 }
 
 func (s source) close() {
@@ -188,7 +193,7 @@ func (e *exporter) source(ctx context.Context, arg string) (src source, retErr e
 		src.criuDir = arg
 	default:
 		var tmp bool
-		if src.criuDir, tmp, err = e.checkpointDir(ctx, arg); err != nil {
+		if src.criuDir, tmp, src.stored, err = e.checkpointDir(ctx, arg); err != nil {
 			return src, err
 		}
 		if tmp {
@@ -205,12 +210,12 @@ func (e *exporter) source(ctx context.Context, arg string) (src source, retErr e
 }
 
 // checkpointDir returns the CRIU image directory of checkpoint id (or unique id prefix) name,
-// or the CRIU images of the containerd checkpoint image name extracted into a temporary
-// directory (tmp).
-func (e *exporter) checkpointDir(ctx context.Context, name string) (dir string, tmp bool, _ error) {
+// and whether the shim stores its memory as what changed (source.stored); or the CRIU images of
+// the containerd checkpoint image name extracted into a temporary directory (tmp).
+func (e *exporter) checkpointDir(ctx context.Context, name string) (dir string, tmp, stored bool, _ error) {
 	tree, err := e.c.Tree(ctx, Filter{})
 	if err != nil {
-		return "", false, err
+		return "", false, false, err
 	}
 	n, err := tree.Lookup(name)
 	if err == nil {
@@ -221,22 +226,50 @@ func (e *exporter) checkpointDir(ctx context.Context, name string) (dir string, 
 		}
 		src, err := fork.SourceOf(n.Record, dir)
 		if err != nil {
-			return "", false, err
+			return "", false, false, err
 		}
-		return src.ImageDir, false, nil
+		return src.ImageDir, false, n.ImagePath != "", nil
 	}
 	if !errdefs.IsNotFound(err) {
-		return "", false, err
+		return "", false, false, err
 	}
 	img, err := e.c.ctrd.ImageService().Get(ctx, name)
 	if errdefs.IsNotFound(err) {
-		return "", false, fmt.Errorf("%q is no checkpoint archive, image directory, checkpoint id or checkpoint image: %w", name, errdefs.ErrNotFound)
+		return "", false, false, fmt.Errorf("%q is no checkpoint archive, image directory, checkpoint id or checkpoint image: %w", name, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("image %s: %w", name, err)
+		return "", false, false, fmt.Errorf("image %s: %w", name, err)
 	}
 	dir, err = export.OpenCheckpointImage(ctx, e.c.ctrd.ContentStore(), img.Name, img.Target, os.TempDir())
-	return dir, err == nil, err
+	return dir, err == nil, false, err
+}
+
+// memoryStoredWait bounds how long after its checkpoint an export waits for the shim to store the
+// checkpoint's memory as what changed since its parent's (pkg/pagechain): the shim does it in the
+// background, one checkpoint at a time, each in well under a second at 256 MiB here. A checkpoint
+// older than that without a report was never deduplicated (a killed shim, a cklite before
+// pagechain) and is exported as it is.
+const memoryStoredWait = 2 * time.Minute
+
+// waitMemoryStored waits until the shim has stored src's memory as what changed, if it does:
+// exported before, the checkpoint's blob would be its full dump, which the shim then rewrites, so
+// the next export of it, or of a checkpoint above it, would make and upload another blob.
+func (e *exporter) waitMemoryStored(ctx context.Context, src source) error {
+	deadline := src.meta.Created.Add(memoryStoredWait)
+	if !src.stored || time.Now().After(deadline) {
+		return nil
+	}
+	start := time.Now()
+	ok, err := pagechain.WaitReport(ctx, src.criuDir, deadline)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: wait for its memory to be stored: %w", src.meta.ID, err)
+	}
+	if !ok {
+		fmt.Fprintf(e.progress, "checkpoint %s: its memory is not stored as what changed %v after the checkpoint: exported as it is\n", src.meta.ID, memoryStoredWait)
+	} else if waited := time.Since(start); waited > 100*time.Millisecond {
+		fmt.Fprintf(e.progress, "checkpoint %s: waited %.1fs for its memory to be stored as what changed\n", src.meta.ID, waited.Seconds())
+	}
+	return nil
 }
 
 // export writes the checkpoint image of src into the content store and returns its record, named
@@ -259,6 +292,9 @@ func (e *exporter) export(ctx context.Context, src source, ref string) (images.I
 	if parent != top.String() {
 		return images.Image{}, fmt.Errorf("the frozen layers of checkpoint %s are stacked on snapshot %q, not on the layers of image %s (%s): name the container's image with --base: %w",
 			src.meta.ID, parent, base.Name, top, errdefs.ErrFailedPrecondition)
+	}
+	if err := e.waitMemoryStored(ctx, src); err != nil {
+		return images.Image{}, err
 	}
 	fmt.Fprintf(e.progress, "checkpoint %s of container %s: %d frozen layer(s) on image %s\n", src.meta.ID, src.meta.Container, len(chain), base.Name)
 	deltas, err := export.Deltas(ctx, sn, e.c.ctrd.DiffService(), e.c.ctrd.ContentStore(), e.mediaType, parent, chain, e.progress)

@@ -26,9 +26,11 @@ import (
 // An image directory whose pages are partly in a parent image directory (the `parent` link of
 // CRIU's incremental dumps, which cklite makes when it stores a checkpoint's memory as what
 // changed since its parent's, pkg/pagechain) is admitted only with ParentsUnder: every directory
-// of the chain must lie below that directory, which only cklite writes to. An image from
-// elsewhere (extracted, pulled, a client's directory) may not have a parent: the link could
-// name another container's checkpoint, whose memory CRIU would then restore.
+// of the chain must lie below that directory, which only cklite writes to: its checkpoints
+// directory, or its cache of extracted checkpoint images, where each link is one the extraction
+// made (to the image directory of the blob below in the same image; pkg/ckimage). Any other image
+// directory (a client's, one a blob brought) may not have a parent: the link could name another
+// container's checkpoint, whose memory CRIU would then restore.
 func Admit(dir string, spec *specs.Spec, opts ...AdmitOption) error {
 	var o admitOptions
 	for _, opt := range opts {

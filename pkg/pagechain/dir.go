@@ -204,7 +204,7 @@ func rewriteProcess(dir string, dirs []string, pid uint32, m mode, id uint32) (*
 	if err != nil {
 		return nil, Counts{}, err
 	}
-	runs, n, err := rewriteFile(src, m, f, true)
+	runs, n, err := rewriteFile(src, m, f)
 	if err != nil {
 		os.Remove(s.tmpPages)
 		return nil, Counts{}, fmt.Errorf("rewrite pages of process %d in %s: %w", pid, dir, err)

@@ -28,8 +28,10 @@
 //
 // The chain must keep each parent alive: Remove detaches a directory's children (Detach: the
 // pages a child reads from the directory are copied into it, and its link moves to the
-// directory's own parent) before removing it. Flatten makes a self-contained copy for export.
+// directory's own parent) before removing it. An export writes each directory of the chain as a
+// blob of its own, and an import links them again (pkg/ckimage).
 // cklite deduplicates only between sibling directories (its own checkpoints directory of one
 // namespace), which is where Remove looks for children, and admission (pkg/criuimage) accepts a
-// parent link only below that directory.
+// parent link only below that directory, or below the cache that checkpoint images are extracted
+// into, where the import made every link itself.
 package pagechain

@@ -329,27 +329,6 @@ func TestDedupRemovedParent(t *testing.T) {
 	}
 }
 
-func TestFlatten(t *testing.T) {
-	_, _, _, c, want := chain(t)
-	flat, done, err := Flatten(c, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer done()
-	if _, err := os.Lstat(filepath.Join(flat, criuimage.ParentLink)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("flattened copy has a parent link: %v", err)
-	}
-	if got := memory(t, flat); !mapsEqual(got, want["c"]) {
-		t.Fatalf("flattened: %v, want %v", got, want["c"])
-	}
-	if b, err := os.ReadFile(filepath.Join(flat, "core-1.img")); err != nil || string(b) != "core" {
-		t.Fatalf("core-1.img in the copy: %q, %v", b, err)
-	}
-	if got := pagesBytes(t, flat); got != 9*int64(pageSize) {
-		t.Fatalf("flattened pages: %d bytes, want 9 pages", got)
-	}
-}
-
 // TestKilledRewrite leaves what a kill mid-rewrite leaves (a temporary pages file, a renamed new
 // pages file no pagemap names yet, a temporary pagemap): the directory restores as it was, and the
 // next rewrite sweeps the rest.

@@ -62,15 +62,15 @@ func (e *emitter) emit(vaddr, pages uint64, flags uint32, data []byte) error {
 	return nil
 }
 
-// rewriteFile is rewrite into the pages file f, which it closes; synced first when sync (a file
-// that replaces another, which must be whole before it does).
-func rewriteFile(src *source, m mode, f *os.File, sync bool) ([]criuimage.PageRun, Counts, error) {
+// rewriteFile is rewrite into the pages file f, which it syncs (it replaces another, and must be
+// whole before it does) and closes.
+func rewriteFile(src *source, m mode, f *os.File) ([]criuimage.PageRun, Counts, error) {
 	bw := bufio.NewWriterSize(f, 1<<20)
 	runs, n, err := rewrite(src, m, bw)
 	if err == nil {
 		err = bw.Flush()
 	}
-	if err == nil && sync {
+	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {

@@ -93,7 +93,8 @@ var (
 // diskMetrics are the disk k checkpoints took: in all (snapshots, checkpoint images, content),
 // of it the filesystem state and the memory as stored (cklite's memory store; the memory as
 // dumped beside it, and how many times smaller it is stored), and in all with cklite's dedup of
-// identical files (computed; stock has none).
+// identical files (computed; stock has none); and the last checkpoint exported as an image, with
+// what of it a registry holding the one before's would be sent (cklite's export; stock has none).
 func diskMetrics(k int) []metric {
 	return []metric{
 		{fmt.Sprintf("disk after %d ckpts", k), "MiB", func(m *measured) float64 { return mibOf(m.diskBytes) }},
@@ -117,6 +118,13 @@ func diskMetrics(k int) []metric {
 				return math.NaN()
 			}
 			return mibOf(m.diskBytes - m.dedupSaved)
+		}},
+		{"last ckpt exported: image", "MiB", func(m *measured) float64 { return orNaN(mibOf(m.exportImage)) }},
+		{"  pushed after the one before", "MiB", func(m *measured) float64 {
+			if m.exportImage == 0 {
+				return math.NaN()
+			}
+			return mibOf(m.exportPushed)
 		}},
 		{"disk per ckpt", "KiB", perCkpt(func(m *measured) int64 { return m.diskBytes })},
 		{"  filesystem per ckpt", "KiB", perCkpt(func(m *measured) int64 { return m.fsBytes })},

@@ -48,6 +48,7 @@ type measured struct {
 	fsBytes                        int64   // the growth of filesystem state (see sandbox.fsDisk)
 	dedupSaved                     int64   // what dedup of identical files would save, where dedup is set (cklite)
 	memLogical, memStored          int64   // the checkpoints' memory as dumped and as stored (memoryStore)
+	exportImage, exportPushed      int64   // the last checkpoint's image, and what of it the one before's lacks (exportSharer)
 	dedup                          bool
 	criu                           []criuStats
 	work, verify                   time.Duration // tree search: the agent's and host's work, the benchmark's checks
@@ -317,6 +318,11 @@ func (e *env) finish(w where, boxes map[string]sandbox, res map[string]*measured
 			m.snapshotterPeak = e.systems[sys].peak()
 			m.dedupSaved, err = dedupSavings(b.diskDirs()[0])
 			m.dedup = err == nil
+			return err
+		})
+		// Last: the export's content is not the checkpoints' disk.
+		_, _ = e.op(w, sys, "exporting the last two checkpoints", func() (err error) {
+			m.exportImage, m.exportPushed, err = exportShareOf(b)
 			return err
 		})
 	}

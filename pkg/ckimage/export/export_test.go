@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
@@ -152,6 +152,9 @@ func TestWriteFindExtract(t *testing.T) {
 		t.Fatal(err)
 	}
 	blob := ck.Blob
+	if len(ck.Parents) != 0 {
+		t.Fatalf("a checkpoint without a memory parent exported with parents %v", ck.Parents)
+	}
 
 	// A checkpoint of a container restored from the image stacks on its layers, not its CRIU
 	// images, and keeps the original entrypoint.
@@ -172,8 +175,9 @@ func TestWriteFindExtract(t *testing.T) {
 		ncfg.Config.Labels[ckimage.LabelEntrypoint] != `["/bin/sh"]` || ncfg.Config.Labels[ckimage.LabelCheckpoint] != "def" {
 		t.Fatalf("image on a checkpoint image: layers %+v, config %+v", nm.Layers, ncfg)
 	}
-	if again, err := Write(ctx, cs, spec); err != nil || again.Digest == "" {
-		t.Fatalf("writing the image again: %v", err)
+	// The same checkpoint is the same image: a registry that has it stores nothing again.
+	if again, err := Write(ctx, cs, spec); err != nil || again.Digest != target.Digest {
+		t.Fatalf("writing the image again: %v, manifest %s, first %s: want the same", err, again.Digest, target.Digest)
 	}
 	cache := t.TempDir()
 	var wg sync.WaitGroup
@@ -183,7 +187,7 @@ func TestWriteFindExtract(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dirs[i], errs[i] = ckimage.Extract(ctx, cs, blob, cache)
+			dirs[i], errs[i] = ckimage.Extract(ctx, cs, ck.Chain(), cache)
 		}()
 	}
 	wg.Wait()
@@ -211,7 +215,9 @@ func TestExtractBad(t *testing.T) {
 		files map[string]string // tar entries; "" name: none
 		// damage changes the blob's descriptor or, stored in root, the blob.
 		damage func(d *ocispec.Descriptor, root string) error
-		want   string
+		// onParent extracts the blob as the top of a chain, on a valid parent blob.
+		onParent bool
+		want     string
 	}{
 		{name: "not cklite", files: map[string]string{"inventory.img": "x"}, want: "not a cklite checkpoint"},
 		{name: "missing", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, _ string) error {
@@ -233,6 +239,8 @@ func TestExtractBad(t *testing.T) {
 		{name: "escape", files: map[string]string{"../evil": "x"}, want: "leaves the directory"},
 		{name: "absolute", files: map[string]string{"/evil": "x"}, want: "leaves the directory"},
 		{name: "no inventory", files: map[string]string{checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}, want: "not a CRIU image directory"},
+		{name: "own parent link", onParent: true, want: "which names the parent image directory", files: map[string]string{
+			"inventory.img": "x", checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`, criuimage.ParentLink: "../elsewhere"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
@@ -259,24 +267,101 @@ func TestExtractBad(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			chain := []ocispec.Descriptor{desc}
+			if tc.onParent {
+				parent, err := writeMemory(ctx, cs, criuDir(t, "p"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				chain = append(parent, desc)
+			}
 			cache := t.TempDir()
-			_, err := ckimage.Extract(ctx, cs, desc, cache)
+			_, err := ckimage.Extract(ctx, cs, chain, cache)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Extract: %v, want an error saying %q", err, tc.want)
 			}
-			if entries, _ := os.ReadDir(cache); len(entries) != 0 {
-				t.Errorf("a failed extract left %d entries in the cache", len(entries))
+			// The valid parent stays extracted; nothing else.
+			if entries, _ := os.ReadDir(cache); len(entries) != len(chain)-1 {
+				t.Errorf("a failed extract left %d entries in the cache, want %d", len(entries), len(chain)-1)
 			}
 		})
 	}
 }
 
-// TestWriteFlattensChain exports a checkpoint whose memory is stored as what changed since its
-// parent's: the blob holds a self-contained image (no parent link, every page present), which
-// Untar (refusing links) unpacks.
-func TestWriteFlattensChain(t *testing.T) {
+// TestWriteChain exports a checkpoint whose memory is stored as what changed since its parent's:
+// one blob per image directory of the chain, the same bytes on every export and in the image of
+// the parent alone, so that a registry holding the parent's image gets only the child's blob; and
+// the chain extracted again reads the child's pages (Detach copies them in from the parent).
+func TestWriteChain(t *testing.T) {
 	ctx := context.Background()
 	cs := newStore(t, t.TempDir())
+	parent, child := dedupedPair(t)
+	if err := pagechain.WriteReport(child, pagechain.Report{Parent: "p", TookMs: 12}); err != nil {
+		t.Fatal(err)
+	}
+	blobs, err := writeMemory(ctx, cs, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(blobs) != 2 || blobs[0].MediaType != ckimage.MediaTypeCheckpointParent || blobs[1].MediaType != ckimage.MediaTypeCheckpoint {
+		t.Fatalf("blobs %+v: want the parent's, then the checkpoint's", blobs)
+	}
+	// Timing in the report, a killed rewrite's leftovers: none of it is the checkpoint's.
+	if err := pagechain.WriteReport(child, pagechain.Report{Parent: "p", TookMs: 99}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{".pages-9.img.tmp", "pages-7.img"} {
+		if err := os.WriteFile(filepath.Join(child, n), []byte("left over"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again, err := writeMemory(ctx, cs, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone, err := writeMemory(ctx, cs, parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again[0].Digest != blobs[0].Digest || again[1].Digest != blobs[1].Digest || alone[0].Digest != blobs[0].Digest {
+		t.Fatalf("exported again %v, the parent alone %v, first %v: want the same digests", again, alone, blobs)
+	}
+	cache := t.TempDir()
+	dir, err := ckimage.Extract(ctx, cs, blobs, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir != ckimage.CacheDir(cache, blobs) {
+		t.Fatalf("extracted into %s, want %s", dir, ckimage.CacheDir(cache, blobs))
+	}
+	chain, err := criuimage.Chain(dir, cache)
+	if err != nil || len(chain) != 1 || chain[0] != ckimage.CacheDir(cache, blobs[:1]) {
+		t.Fatalf("the extracted chain: %v, %v; want the parent's blob below", chain, err)
+	}
+	for _, n := range []string{pagechain.ReportFile, ".pages-9.img.tmp", "pages-7.img"} {
+		if _, err := os.Stat(filepath.Join(dir, n)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s was exported: %v", n, err)
+		}
+	}
+	pm, err := criuimage.ReadPagemap(filepath.Join(dir, "pagemap-1.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, pm.PagesName())); err != nil || fi.Size() != int64(os.Getpagesize()) {
+		t.Fatalf("the child's pages file: %v, %v; want the one page that changed", fi, err)
+	}
+	if _, err := pagechain.Detach(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := pages(t, dir); got != "abXd" {
+		t.Fatalf("pages of the extracted chain %q, want abXd", got)
+	}
+}
+
+// dedupedPair writes two image directories of one process, the child's pages stored as what
+// changed since the parent's: abcd, then abXd.
+func dedupedPair(t *testing.T) (parent, child string) {
+	t.Helper()
 	root := t.TempDir()
 	page := os.Getpagesize()
 	dump := func(name, id, pages string) string {
@@ -296,45 +381,31 @@ func TestWriteFlattensChain(t *testing.T) {
 		}
 		return dir
 	}
-	parent := dump("parent", "p", "abcd")
-	child := dump("child", "c", "abXd")
+	parent = dump("parent", "p", "abcd")
+	child = dump("child", "c", "abXd")
 	if res, err := pagechain.Dedup(child, parent); err != nil || res.InParent != 3 {
 		t.Fatalf("dedup: %+v, %v", res, err)
 	}
-	desc, err := writeDirTar(ctx, cs, child, "c")
+	return parent, child
+}
+
+// pages is the first byte of each page of process 1 in dir, which must need no parent.
+func pages(t *testing.T, dir string) string {
+	t.Helper()
+	pm, err := criuimage.ReadPagemap(filepath.Join(dir, "pagemap-1.img"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ra, err := cs.ReaderAt(ctx, desc)
+	data, err := os.ReadFile(filepath.Join(dir, pm.PagesName()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ra.Close()
-	r, err := compression.DecompressStream(content.NewReader(ra))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	out := t.TempDir()
-	if err := ckimage.Untar(r, out); err != nil {
-		t.Fatalf("untar the exported images: %v", err)
-	}
-	pm, err := criuimage.ReadPagemap(filepath.Join(out, "pagemap-1.img"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(filepath.Join(out, pm.PagesName()))
-	if err != nil {
-		t.Fatal(err)
+	if pm.PresentPages()*uint64(os.Getpagesize()) != uint64(len(data)) {
+		t.Fatalf("%s: %d present pages, %d bytes of pages", dir, pm.PresentPages(), len(data))
 	}
 	var got []byte
-	for i := 0; i < len(data); i += page {
+	for i := 0; i < len(data); i += os.Getpagesize() {
 		got = append(got, data[i])
 	}
-	if string(got) != "abXd" || pm.PresentPages() != 4 {
-		t.Fatalf("exported pages %q (%d present), want abXd", got, pm.PresentPages())
-	}
-	if entries, _ := os.ReadDir(root); len(entries) != 2 {
-		t.Fatalf("the flattened copy was left beside the directories: %v", entries)
-	}
+	return string(got)
 }

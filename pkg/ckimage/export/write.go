@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
+	"github.com/cklite/cklite/pkg/criuimage"
 	"github.com/cklite/cklite/pkg/pagechain"
 )
 
@@ -72,11 +74,11 @@ func Write(ctx context.Context, cs content.Store, s Spec) (ocispec.Descriptor, e
 	}
 	// A checkpoint of a container restored from a checkpoint image stacks on that image: its
 	// layers, not its CRIU images.
-	baseLayers := slices.DeleteFunc(slices.Clone(base.Layers), func(d ocispec.Descriptor) bool { return d.MediaType == ckimage.MediaTypeCheckpoint })
+	baseLayers := slices.DeleteFunc(slices.Clone(base.Layers), ckimage.IsMemory)
 	if len(cfg.RootFS.DiffIDs) != len(baseLayers) {
 		return ocispec.Descriptor{}, fmt.Errorf("base image %s has %d layers and %d diff ids: %w", s.Base.Name, len(baseLayers), len(cfg.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
 	}
-	criu, err := writeDirTar(ctx, cs, s.CRIUDir, s.Meta.ID)
+	memory, err := writeMemory(ctx, cs, s.CRIUDir)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
@@ -91,7 +93,7 @@ func Write(ctx context.Context, cs content.Store, s Spec) (ocispec.Descriptor, e
 	for _, l := range s.Deltas {
 		layers = append(layers, l.Desc)
 	}
-	layers = append(layers, criu)
+	layers = append(layers, memory...)
 	m := ocispec.Manifest{
 		Versioned: imagespec.Versioned{SchemaVersion: 2},
 		MediaType: ocispec.MediaTypeImageManifest,
@@ -142,12 +144,17 @@ func checkpointConfig(cfg *ocispec.Image, s Spec) error {
 	cfg.Config.Labels = labels
 	cfg.Config.Entrypoint = []string{ckimage.Marker}
 	cfg.Config.Cmd = nil
-	now := time.Now().UTC()
-	cfg.Created = &now
+	// The checkpoint's time, not the export's: the same checkpoint exports to the same image.
+	var created *time.Time
+	if !s.Meta.Created.IsZero() {
+		t := s.Meta.Created.UTC()
+		created = &t
+	}
+	cfg.Created = created
 	for i, l := range s.Deltas {
 		cfg.RootFS.DiffIDs = append(cfg.RootFS.DiffIDs, l.DiffID)
 		cfg.History = append(cfg.History, ocispec.History{
-			Created:   &now,
+			Created:   created,
 			CreatedBy: fmt.Sprintf("cklite checkpoint %s: frozen layer %d of %d", s.Meta.ID, i+1, len(s.Deltas)),
 		})
 	}
@@ -167,23 +174,48 @@ func writeJSON(ctx context.Context, cs content.Store, mediaType string, v any, l
 	return desc, nil
 }
 
-// writeDirTar stores the files of dir as a zstd-compressed tar of ckimage.MediaTypeCheckpoint. The tar
-// is reproducible (sorted, no times, no owners).
-func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec.Descriptor, error) {
-	if _, err := checkpoint.Read(dir); err != nil {
+// writeMemory stores the CRIU images of dir as blobs of ckimage's format and returns them bottom
+// first: one of ckimage.MediaTypeCheckpointParent for each image directory of dir's memory chain
+// (pkg/pagechain; the root first), then dir's own, of ckimage.MediaTypeCheckpoint. The chain is
+// read-locked meanwhile, so no deduplication rewrites a directory while it is read. Each blob is
+// its directory alone, whatever the image holds above it: a parent's blob is the one its own
+// export wrote, so a registry holding that image has it already.
+func writeMemory(ctx context.Context, cs content.Store, dir string) ([]ocispec.Descriptor, error) {
+	l, err := pagechain.ReadLock(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Unlock()
+	var blobs []ocispec.Descriptor
+	for i := len(l.Dirs) - 1; i >= 0; i-- {
+		mediaType := ckimage.MediaTypeCheckpointParent
+		if i == 0 {
+			mediaType = ckimage.MediaTypeCheckpoint
+		}
+		desc, err := writeDirTar(ctx, cs, l.Dirs[i], mediaType)
+		if err != nil {
+			return nil, err
+		}
+		blobs = append(blobs, desc)
+	}
+	return blobs, nil
+}
+
+// writeDirTar stores the images of dir as a zstd-compressed tar of mediaType. The tar is
+// reproducible (tarDir), and zstd's output depends on its input and level only.
+func writeDirTar(ctx context.Context, cs content.Store, dir, mediaType string) (ocispec.Descriptor, error) {
+	meta, err := checkpoint.Read(dir)
+	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
 	if err := checkpoint.CheckImages(dir); err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	// A checkpoint image stands alone: memory stored as what changed since a parent checkpoint's
-	// is exported whole, from a flattened copy beside the directory (pkg/pagechain).
-	dir, done, err := pagechain.Flatten(dir, filepath.Dir(dir))
+	named, err := criuimage.PagesFiles(dir)
 	if err != nil {
-		return ocispec.Descriptor{}, err
+		return ocispec.Descriptor{}, fmt.Errorf("image directory %s: %w", dir, err)
 	}
-	defer done()
-	w, err := content.OpenWriter(ctx, cs, content.WithRef("cklite-checkpoint-"+id))
+	w, err := content.OpenWriter(ctx, cs, content.WithRef("cklite-checkpoint-"+meta.ID))
 	if err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("write CRIU image blob: %w", err)
 	}
@@ -197,7 +229,7 @@ func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	if err := tarDir(zw, dir); err != nil {
+	if err := tarDir(zw, dir, exported(named)); err != nil {
 		zw.Close()
 		return ocispec.Descriptor{}, fmt.Errorf("tar CRIU images of %s: %w", dir, err)
 	}
@@ -205,10 +237,10 @@ func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec
 		return ocispec.Descriptor{}, fmt.Errorf("compress CRIU images of %s: %w", dir, err)
 	}
 	desc := ocispec.Descriptor{
-		MediaType:   ckimage.MediaTypeCheckpoint,
+		MediaType:   mediaType,
 		Digest:      w.Digest(),
 		Size:        cw.n,
-		Annotations: map[string]string{ocispec.AnnotationTitle: "checkpoint.tar.zst"},
+		Annotations: map[string]string{ocispec.AnnotationTitle: "checkpoint-" + meta.ID + ".tar.zst"},
 	}
 	if err := w.Commit(ctx, cw.n, desc.Digest); err != nil && !errdefs.IsAlreadyExists(err) {
 		return ocispec.Descriptor{}, fmt.Errorf("commit CRIU image blob: %w", err)
@@ -216,7 +248,28 @@ func writeDirTar(ctx context.Context, cs content.Store, dir, id string) (ocispec
 	return desc, nil
 }
 
-func tarDir(w io.Writer, dir string) error {
+// exported says which entries at the top of an image directory its blob holds: not the parent
+// link (an import makes its own, to the parent it extracted), nor what describes the directory
+// rather than the checkpoint (pagechain.ReportFile, with its timing), nor what a killed rewrite
+// left (hidden temporary files, a pages file no pagemap names; pkg/pagechain sweeps them later):
+// so the blob is the same whenever the checkpoint is exported.
+func exported(pagesFiles map[string]string) func(name string) bool {
+	return func(name string) bool {
+		switch {
+		case name == criuimage.ParentLink || name == pagechain.ReportFile || strings.HasPrefix(name, "."):
+			return false
+		case strings.HasPrefix(name, "pages-") && strings.HasSuffix(name, ".img"):
+			_, ok := pagesFiles[name]
+			return ok
+		}
+		return true
+	}
+}
+
+// tarDir writes the files and directories below dir into w as a tar that depends on their names,
+// contents and modes only: in lexical order (WalkDir's), no times, no owners. Entries at the top
+// that include refuses are left out.
+func tarDir(w io.Writer, dir string, include func(name string) bool) error {
 	tw := tar.NewWriter(w)
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || path == dir {
@@ -225,6 +278,12 @@ func tarDir(w io.Writer, dir string) error {
 		rel, err := filepath.Rel(dir, path)
 		if err != nil {
 			return err
+		}
+		if filepath.Dir(rel) == "." && !include(rel) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
 		}
 		info, err := d.Info()
 		if err != nil {
