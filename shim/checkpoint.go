@@ -125,6 +125,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		Version:   ckliteVersion,
 		Lineage:   rs.labels[checkpoint.LineageKey],
 		Dump:      dumpFlags(ck.opts),
+		Init:      c.withInit,
 	}
 	if meta.Name, err = checkpoint.RequestedName(rs.labels); err != nil {
 		return err

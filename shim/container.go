@@ -44,6 +44,7 @@ type container struct {
 	// admitMounted: the checkpoint's images are admitted once the rootfs is mounted (prepareRestore)
 	admitMounted bool
 	dumped       checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
+	withInit     bool                 // its PID 1 is cklite's init (init.go)
 	netns        *os.File             // a new network namespace for that restore, held until it is done
 	execStdio    *treeHold            // stand-ins for the stdio of its exec'd processes, likewise
 	spec         *specs.Spec
@@ -122,6 +123,9 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 			return nil, err
 		}
 		c.fromImage = true
+	}
+	if err := s.setInit(c); err != nil {
+		return nil, err
 	}
 
 	// libcontainer and mount helpers fork: keep the orphan reaper off their children.
