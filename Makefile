@@ -80,10 +80,10 @@ test-unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/integration$$')
 
 ## test-long: issue 16's long runs: 300 checkpoints of one container, 30 rollbacks in place, 2
-## forks; 16 concurrent checkpoints x 10 rounds
+## forks; 16 concurrent checkpoints x 10 rounds; 10 000 execs without and with cklite's init
 test-long: deps build
 	CKLITE_LONG_CHECKPOINTS=300 CKLITE_CONCURRENT_ROUNDS=10 CKLITE_EXECS=10000 $(GO) test -count=1 -v -timeout 120m \
-		-run 'TestCheckpointLong$$|TestConcurrentCheckpoints$$|TestExecsMany$$' ./integration/
+		-run 'TestCheckpointLong$$|TestConcurrentCheckpoints$$|TestExecsMany$$|TestInitReapsExecs$$' ./integration/
 
 test-integration:
 	$(GO) test -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -skip '^TestKube' ./integration/

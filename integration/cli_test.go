@@ -443,6 +443,18 @@ func TestCLIFork(t *testing.T) {
 	})
 }
 
+// forkedIDs returns the container ids of the forks `cklite fork` printed as running in out.
+func forkedIDs(t *testing.T, e *ckEnv, out string) []string {
+	t.Helper()
+	var names []string
+	for _, l := range strings.Split(out, "\n") {
+		if sub := forkLineRE.FindStringSubmatch(l); sub != nil {
+			names = append(names, sub[1])
+		}
+	}
+	return forkIDsByName(t, e, names)
+}
+
 // forkIDsByName returns the container ids of the forks with the nerdctl names names: random,
 // 64 hex digits.
 func forkIDsByName(t *testing.T, e *ckEnv, names []string) []string {

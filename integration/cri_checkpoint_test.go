@@ -179,6 +179,32 @@ func TestCRICheckpointErrors(t *testing.T) {
 // runCounterPod runs a pod with the handler whose one container runs the counter workload after a
 // line on stdout (so its container.log is not empty); sharedPID shares the pod's PID namespace
 // among its containers and the pause process.
+// runAnnotatedSleeper runs a pod with annotations on the cklite handler (host network) and in it a
+// container running busybox `sleep`; it returns the pod and the container's id.
+func runAnnotatedSleeper(t *testing.T, cri *harness.CRI, name string, annotations map[string]string) (*harness.Pod, string) {
+	t.Helper()
+	ctx := criContext(t)
+	cfg, err := cri.PodConfig(name, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Annotations = annotations
+	pod, err := cri.RunPodConfig(ctx, cfg, harness.HandlerCklite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cri.RemovePod(context.Background(), pod); err != nil {
+			t.Error(err)
+		}
+	})
+	id, err := cri.StartContainer(ctx, pod, pod.Container("sleeper", busybox.Name, "sleep", "1000000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod, id
+}
+
 func runCounterPod(t *testing.T, cri *harness.CRI, name, handler string, hostNetwork, sharedPID bool) (*harness.Pod, string) {
 	t.Helper()
 	ctx := criContext(t)
@@ -291,25 +317,8 @@ func TestCRICheckpointPodAnnotations(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := criContext(t)
-			cfg, err := cri.PodConfig("annotated-"+strings.ReplaceAll(tc.name, " ", "-"), true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.Annotations = map[string]string{tc.key: tc.value}
-			pod, err := cri.RunPodConfig(ctx, cfg, harness.HandlerCklite)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := cri.RemovePod(context.Background(), pod); err != nil {
-					t.Error(err)
-				}
-			})
-			id, err := cri.StartContainer(ctx, pod, pod.Container("sleeper", busybox.Name, "sleep", "3600"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			archive := filepath.Join(d.Dir, cfg.GetMetadata().GetName()+".tar")
+			pod, id := runAnnotatedSleeper(t, cri, "annotated-"+strings.ReplaceAll(tc.name, " ", "-"), map[string]string{tc.key: tc.value})
+			archive := filepath.Join(d.Dir, pod.Config.GetMetadata().GetName()+".tar")
 			if _, err := cri.Runtime.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive}); err != nil {
 				t.Fatal(err)
 			}

@@ -104,13 +104,7 @@ func TestExecDetachedSurvivesCheckpoint(t *testing.T) {
 	}
 
 	forked := cklite(t, e.d, "fork", "-n", "2", m[1][:8])
-	var names []string
-	for _, l := range strings.Split(forked, "\n") {
-		if sub := forkLineRE.FindStringSubmatch(l); sub != nil {
-			names = append(names, sub[1])
-		}
-	}
-	ids := forkIDsByName(t, e, names)
+	ids := forkedIDs(t, e, forked)
 	if len(ids) != 2 {
 		t.Fatalf("cklite fork -n 2 printed %q", forked)
 	}

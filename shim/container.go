@@ -31,7 +31,9 @@ type container struct {
 	rootfs     string // <bundle>/rootfs when the shim mounted it, unmounted on delete
 	// captured is the last capture of the rootfs upper (capture.go), for the next one to write
 	// only what changed; nil whenever the upper is not the one it recorded. Under the lifecycle lock.
-	captured   *capture.Record
+	captured *capture.Record
+	// saves are the records being saved beside the upper (capture.go): a delete waits for them.
+	saves      sync.WaitGroup
 	opts       *options.Options
 	eng        engine // read through engine(): an in-place checkpoint or rollback replaces it
 	init       *process
@@ -42,6 +44,7 @@ type container struct {
 	// admitMounted: the checkpoint's images are admitted once the rootfs is mounted (prepareRestore)
 	admitMounted bool
 	dumped       checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
+	withInit     bool                 // its PID 1 is cklite's init (init.go)
 	netns        *os.File             // a new network namespace for that restore, held until it is done
 	execStdio    *treeHold            // stand-ins for the stdio of its exec'd processes, likewise
 	spec         *specs.Spec
@@ -123,6 +126,9 @@ func (s *service) newContainer(ctx context.Context, r *taskAPI.CreateTaskRequest
 			return nil, err
 		}
 		c.fromImage = true
+	}
+	if err := s.setInit(c); err != nil {
+		return nil, err
 	}
 
 	// libcontainer and mount helpers fork: keep the orphan reaper off their children.

@@ -79,6 +79,9 @@ type Meta struct {
 	MemoryBytes int64     `json:"memoryBytes"` // size of the CRIU image files
 	Version     string    `json:"version"`     // the cklite that wrote it
 	Dump        DumpFlags `json:"dump,omitzero"`
+	// Init: the dumped PID 1 is cklite's init, whose binary a restore must mount where the dump
+	// found it (shim/init.go).
+	Init bool `json:"init,omitempty"`
 	// Lineage is the lineage of the container when it was checkpointed (see LineageKey): what a
 	// container restored from this checkpoint descends from, after the checkpoint itself.
 	Lineage string `json:"lineage,omitempty"`

@@ -36,7 +36,14 @@ type Shim struct {
 	// DedupMemory stores each checkpoint's memory as what changed since its parent checkpoint's
 	// (pkg/pagechain), after the checkpoint, in the background. Default true.
 	DedupMemory *bool `toml:"dedup_memory"`
+	// Init runs cklite's init as the PID 1 of every container that does not say otherwise with
+	// its annotation cklite.io/init (shim/init.go): it reaps the container's orphans, exec'd
+	// processes included, whatever the entrypoint does. Default false.
+	Init *bool `toml:"init"`
 }
+
+// InitOn is Init with its default.
+func (c Shim) InitOn() bool { return c.Init != nil && *c.Init }
 
 // DedupMemoryOn is DedupMemory with its default.
 func (c Shim) DedupMemoryOn() bool { return c.DedupMemory == nil || *c.DedupMemory }

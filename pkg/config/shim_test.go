@@ -17,6 +17,7 @@ func TestLoadShim(t *testing.T) {
 		wantTTL time.Duration
 		wantDir string // "": the default
 		noDedup bool
+		init    bool
 		wantErr string
 	}{
 		{name: "ttl", file: `checkpoint_ttl = "36h"`, wantTTL: 36 * time.Hour},
@@ -29,6 +30,8 @@ func TestLoadShim(t *testing.T) {
 		{name: "named file missing", wantErr: "reading configuration"},
 		{name: "dedup off", file: `dedup_memory = false`, noDedup: true},
 		{name: "dedup on", file: `dedup_memory = true`},
+		{name: "init on", file: `init = true`, init: true},
+		{name: "init off", file: `init = false`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, ok := loadShimFile(t, tc.file, tc.wantErr)
@@ -46,6 +49,9 @@ func TestLoadShim(t *testing.T) {
 			}
 			if c.DedupMemoryOn() == tc.noDedup {
 				t.Fatalf("DedupMemoryOn = %v, want %v", c.DedupMemoryOn(), !tc.noDedup)
+			}
+			if c.InitOn() != tc.init {
+				t.Fatalf("InitOn = %v, want %v", c.InitOn(), tc.init)
 			}
 		})
 	}

@@ -1,5 +1,6 @@
 // Package exechelper is the intermediate through which the cklite shim starts an exec inside the
-// container's process tree (see runtime/treeexec.go): run by libcontainer inside the container,
+// container's process tree (see runtime/treeexec.go), and cklite's init, the PID 1 of a container
+// that asks for one (init.go). As the intermediate, run by libcontainer inside the container,
 // with the exec's namespaces, cgroup, credentials, seccomp filter, cwd, environment and stdio,
 // it forks the exec's program and exits, so that the kernel hands the program to the container's
 // PID 1. An exec with a terminal gets the terminal as the controlling one of its own session
