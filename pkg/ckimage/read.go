@@ -143,6 +143,14 @@ func Extract(ctx context.Context, cs content.InfoReaderProvider, chain []ocispec
 	if len(chain) == 0 || len(chain) > criuimage.MaxChain+1 {
 		return "", fmt.Errorf("a checkpoint image's memory is 1 to %d CRIU image blobs, not %d: %w", criuimage.MaxChain+1, len(chain), errdefs.ErrInvalidArgument)
 	}
+	// The digests name directories of the cache (CacheDir): one that is not a digest, from a
+	// crafted manifest, could name a directory outside it, which would be taken for an
+	// extraction already made.
+	for _, d := range chain {
+		if err := d.Digest.Validate(); err != nil {
+			return "", fmt.Errorf("CRIU images %q of the checkpoint image: %v: %w", d.Digest, err, errdefs.ErrInvalidArgument)
+		}
+	}
 	unlock, err := lockCache(cache)
 	if err != nil {
 		return "", err

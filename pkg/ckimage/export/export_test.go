@@ -236,6 +236,13 @@ func TestExtractBad(t *testing.T) {
 		{name: "truncated", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, root string) error {
 			return os.Truncate(filepath.Join(root, "blobs", "sha256", d.Digest.Encoded()), d.Size/3)
 		}, want: "are corrupt"},
+		// A manifest's digest names the cache directory: one that is no digest could name
+		// another checkpoint's image directory (here the store's root, made one), which an
+		// extraction already there would hand the restore without reading the blob.
+		{name: "digest leaves the cache", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, root string) error {
+			d.Digest = digest.Digest("sha256:" + strings.Repeat("../", 64) + root)
+			return os.WriteFile(filepath.Join(root, checkpoint.MetaFile), []byte(`{"format":1,"id":"victim","contents":"memory"}`), 0o600)
+		}, want: "invalid checksum digest"},
 		{name: "escape", files: map[string]string{"../evil": "x"}, want: "leaves the directory"},
 		{name: "absolute", files: map[string]string{"/evil": "x"}, want: "leaves the directory"},
 		{name: "no inventory", files: map[string]string{checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}, want: "not a CRIU image directory"},
