@@ -133,7 +133,8 @@ func CacheDir(cache string, chain []ocispec.Descriptor) string {
 // Extract unpacks the CRIU image blobs of chain (a checkpoint's, Checkpoint.Chain: its memory
 // chain bottom first, the checkpoint last) into cache, each into CacheDir of the chain up to it
 // unless it is there already, each but the first with a parent link to the one below, and
-// returns the last's directory. Every directory of the chain gets its modification time set to
+// returns the last's directory. Each blob must be in cs, also when its copy is in the cache
+// already (the cache serves every namespace). Every directory of the chain gets its modification time set to
 // now (its last use, for PruneCache; a parent is never older than its children). Each blob is
 // verified against its digest and must hold a cklite checkpoint whose memory images are complete
 // (the pages read from a parent are checked by the restore's admission, pkg/criuimage, against
@@ -171,6 +172,11 @@ func Extract(ctx context.Context, cs content.InfoReaderProvider, chain []ocispec
 // extractLevel makes dir the image directory of blob desc with a parent link to parent (none
 // when ""), unless it is there already, and sets its modification time to now.
 func extractLevel(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir, parent string, now time.Time) error {
+	// Asked before the cache is: the cache is shared by every namespace of the containerd, and
+	// only a store that holds the blob may use its copy (a digest is no secret, the memory is).
+	if err := present(ctx, cs, desc); err != nil {
+		return err
+	}
 	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil {
 		if err := os.Chtimes(dir, now, now); err != nil {
 			return fmt.Errorf("checkpoint image cache: %w", err)
@@ -266,8 +272,9 @@ func PruneCache(cache string, maxAge time.Duration) error {
 	return errors.Join(errs...)
 }
 
-func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir string) error {
-	// A proxy content store opens anything and fails only on the first read: ask first.
+// present checks that cs holds desc's blob, of its size. A proxy content store opens anything and
+// fails only on the first read: ask first.
+func present(ctx context.Context, cs content.InfoProvider, desc ocispec.Descriptor) error {
 	info, err := cs.Info(ctx, desc.Digest)
 	if errdefs.IsNotFound(err) {
 		return missing(desc, err)
@@ -278,6 +285,11 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 	if info.Size != desc.Size {
 		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %d bytes in the content store, the manifest says %d: %w", desc.Digest, info.Size, desc.Size, errdefs.ErrDataLoss)
 	}
+	return nil
+}
+
+// extractBlob unpacks desc's blob, which present found in cs, into dir.
+func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir string) error {
 	ra, err := cs.ReaderAt(ctx, desc)
 	if err != nil {
 		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)

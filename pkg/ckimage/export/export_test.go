@@ -202,6 +202,11 @@ func TestWriteFindExtract(t *testing.T) {
 	if entries, _ := os.ReadDir(cache); len(entries) != 1 {
 		t.Fatalf("the cache holds %d entries after concurrent extracts, want 1", len(entries))
 	}
+	// The cache serves every namespace of the containerd: its copy is used only by a store that
+	// holds the blob (a digest is no secret, the memory behind it is).
+	if _, err := ckimage.Extract(ctx, newStore(t, t.TempDir()), ck.Chain(), cache); !errdefs.IsNotFound(err) {
+		t.Fatalf("Extract from a store without the blob, already extracted: %v, want NotFound", err)
+	}
 
 	if _, err := ckimage.Find(ctx, cs, "base", base.Target, platforms.Default()); !errdefs.IsNotFound(err) {
 		t.Errorf("Find in a plain image: %v, want NotFound", err)
