@@ -330,9 +330,30 @@ func missing(desc ocispec.Descriptor, err error) error {
 	return fmt.Errorf("the CRIU images of the checkpoint image (blob %s, %d bytes) are not in the content store (image not pulled completely?): %w", desc.Digest, desc.Size, err)
 }
 
-// Untar writes the regular files and directories of the tar r below dir; anything else, or a
-// name leaving dir, is refused.
+// diskReserve is the share of its filesystem (1/diskReserve) that Untar leaves free: a blob is
+// untrusted, and the sizes of its files are not bounded by its own (a compressed or sparse
+// stream of zeros is tiny), so an extraction must not fill the disk containerd and its
+// containers write to, not even until it fails and its copy is removed.
+const diskReserve = 20
+
+// untarBudget is how many bytes Untar may write below dir: the free space of its filesystem
+// less the reserve.
+func untarBudget(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("free space below %s: %w", dir, err)
+	}
+	return int64(st.Bavail)*st.Bsize - int64(st.Blocks)*st.Bsize/diskReserve, nil
+}
+
+// Untar writes the regular files and directories of the tar r below dir; anything else, a name
+// leaving dir, or files that would leave less than 1/diskReserve of its filesystem free, is
+// refused, the last before anything of the file is written.
 func Untar(r io.Reader, dir string) error {
+	budget, err := untarBudget(dir)
+	if err != nil {
+		return err
+	}
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -353,6 +374,9 @@ func Untar(r io.Reader, dir string) error {
 				return err
 			}
 		case tar.TypeReg:
+			if budget -= h.Size; budget < 0 {
+				return fmt.Errorf("tar entry %q (%d bytes) would leave less than 1/%d of the disk of %s free", h.Name, h.Size, diskReserve, dir)
+			}
 			if err := writeFile(path, tr, h.Size); err != nil {
 				return err
 			}

@@ -222,7 +222,9 @@ func TestExtractBad(t *testing.T) {
 		damage func(d *ocispec.Descriptor, root string) error
 		// onParent extracts the blob as the top of a chain, on a valid parent blob.
 		onParent bool
-		want     string
+		// sizes are the sizes headers claim, where not their data's: the tar ends there.
+		sizes map[string]int64
+		want  string
 	}{
 		{name: "not cklite", files: map[string]string{"inventory.img": "x"}, want: "not a cklite checkpoint"},
 		{name: "missing", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, _ string) error {
@@ -248,6 +250,8 @@ func TestExtractBad(t *testing.T) {
 			d.Digest = digest.Digest("sha256:" + strings.Repeat("../", 64) + root)
 			return os.WriteFile(filepath.Join(root, checkpoint.MetaFile), []byte(`{"format":1,"id":"victim","contents":"memory"}`), 0o600)
 		}, want: "invalid checksum digest"},
+		// Its header alone: the size is refused before anything is read or written.
+		{name: "fills the disk", files: map[string]string{"pages-1.img": ""}, sizes: map[string]int64{"pages-1.img": 1 << 62}, want: "of the disk"},
 		{name: "escape", files: map[string]string{"../evil": "x"}, want: "leaves the directory"},
 		{name: "absolute", files: map[string]string{"/evil": "x"}, want: "leaves the directory"},
 		{name: "no inventory", files: map[string]string{checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}, want: "not a CRIU image directory"},
@@ -260,15 +264,21 @@ func TestExtractBad(t *testing.T) {
 			var buf bytes.Buffer
 			tw := tar.NewWriter(&buf)
 			for name, data := range tc.files {
-				if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+				size, claimed := tc.sizes[name]
+				if !claimed {
+					size = int64(len(data))
+				}
+				if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: size, Typeflag: tar.TypeReg}); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := tw.Write([]byte(data)); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := tw.Close(); err != nil {
-				t.Fatal(err)
+			if len(tc.sizes) == 0 {
+				if err := tw.Close(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			desc := ocispec.Descriptor{MediaType: ckimage.MediaTypeCheckpoint, Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
 			if err := content.WriteBlob(ctx, cs, "blob", bytes.NewReader(buf.Bytes()), desc); err != nil {
