@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -330,27 +331,53 @@ func missing(desc ocispec.Descriptor, err error) error {
 	return fmt.Errorf("the CRIU images of the checkpoint image (blob %s, %d bytes) are not in the content store (image not pulled completely?): %w", desc.Digest, desc.Size, err)
 }
 
-// diskReserve is the share of its filesystem (1/diskReserve) that Untar leaves free: a blob is
-// untrusted, and the sizes of its files are not bounded by its own (a compressed or sparse
-// stream of zeros is tiny), so an extraction must not fill the disk containerd and its
-// containers write to, not even until it fails and its copy is removed.
+// diskReserve is the share of its filesystem (1/diskReserve of its bytes and of its inodes) that
+// Untar leaves free: a blob is untrusted, and what it unpacks to is not bounded by its size (a
+// compressed or sparse stream of zeros is tiny, so is a stream of empty entries), so an
+// extraction must not fill the disk containerd and its containers write to, not even until it
+// fails and its copy is removed.
 const diskReserve = 20
 
-// untarBudget is how many bytes Untar may write below dir: the free space of its filesystem
-// less the reserve.
-func untarBudget(dir string) (int64, error) {
+// untarBudget is what Untar may take below dir: the free bytes and inodes of its filesystem less
+// the reserve.
+type untarBudget struct{ bytes, inodes int64 }
+
+func newUntarBudget(dir string) (untarBudget, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("free space below %s: %w", dir, err)
+		return untarBudget{}, fmt.Errorf("free space below %s: %w", dir, err)
 	}
-	return int64(st.Bavail)*st.Bsize - int64(st.Blocks)*st.Bsize/diskReserve, nil
+	return budgetOf(st), nil
+}
+
+// budgetOf is the budget on a filesystem of statfs st. One that counts no inodes (btrfs, an
+// unlimited tmpfs: 0 of 0 free) is bounded by its bytes alone.
+func budgetOf(st unix.Statfs_t) untarBudget {
+	b := untarBudget{
+		bytes:  int64(st.Bavail)*st.Bsize - int64(st.Blocks)*st.Bsize/diskReserve,
+		inodes: int64(st.Ffree) - int64(st.Files)/diskReserve,
+	}
+	if st.Files == 0 {
+		b.inodes = math.MaxInt64
+	}
+	return b
+}
+
+// take charges tar entry h (an inode and its size) to b, and refuses it when b is spent.
+func (b *untarBudget) take(h *tar.Header, dir string) error {
+	b.bytes -= h.Size
+	b.inodes--
+	if b.bytes < 0 || b.inodes < 0 {
+		return fmt.Errorf("tar entry %q (%d bytes) would leave less than 1/%d of the disk of %s free", h.Name, h.Size, diskReserve, dir)
+	}
+	return nil
 }
 
 // Untar writes the regular files and directories of the tar r below dir; anything else, a name
-// leaving dir, or files that would leave less than 1/diskReserve of its filesystem free, is
-// refused, the last before anything of the file is written.
+// leaving dir, or an entry that would leave less than 1/diskReserve of its filesystem free, is
+// refused, the last before anything of it is written.
 func Untar(r io.Reader, dir string) error {
-	budget, err := untarBudget(dir)
+	budget, err := newUntarBudget(dir)
 	if err != nil {
 		return err
 	}
@@ -367,6 +394,9 @@ func Untar(r io.Reader, dir string) error {
 		if name == "." || filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
 			return fmt.Errorf("tar entry %q leaves the directory", h.Name)
 		}
+		if err := budget.take(h, dir); err != nil {
+			return err
+		}
 		path := filepath.Join(dir, name)
 		switch h.Typeflag {
 		case tar.TypeDir:
@@ -374,9 +404,6 @@ func Untar(r io.Reader, dir string) error {
 				return err
 			}
 		case tar.TypeReg:
-			if budget -= h.Size; budget < 0 {
-				return fmt.Errorf("tar entry %q (%d bytes) would leave less than 1/%d of the disk of %s free", h.Name, h.Size, diskReserve, dir)
-			}
 			if err := writeFile(path, tr, h.Size); err != nil {
 				return err
 			}
