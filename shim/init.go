@@ -114,3 +114,18 @@ func devIsTmpfs(spec *specs.Spec) bool {
 	}
 	return false
 }
+
+// sameInit refuses an in-place rollback of c to the checkpoint of meta when one of them runs
+// cklite's init and the other does not, before the task is killed: CRIU restores the PID 1 that
+// was dumped, with the mounts it had, so a dump with the init fails in a container without its
+// bind mount (after the task is gone), and one without it would leave c taken for running it.
+// A checkpoint's lineage or a reused container id can bring either (a fresh start with the init
+// from a checkpoint of the filesystem of a container without it).
+func sameInit(c *container, meta checkpoint.Meta) error {
+	if meta.Init == c.withInit {
+		return nil
+	}
+	runs := map[bool]string{true: "runs", false: "does not run"}
+	return fmt.Errorf("checkpoint %s %s cklite's init as PID 1 and container %s %s it: roll back by restoring a new task from the checkpoint: %w",
+		meta.ID, runs[meta.Init], c.id, runs[c.withInit], errdefs.ErrFailedPrecondition)
+}

@@ -91,3 +91,23 @@ func TestWithInit(t *testing.T) {
 		t.Fatalf("withInit without args: %v, want InvalidArgument", err)
 	}
 }
+
+func TestSameInit(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		running, dumped bool
+		refused         bool
+	}{
+		{name: "neither"},
+		{name: "both", running: true, dumped: true},
+		{name: "dumped with the init, container without", dumped: true, refused: true},
+		{name: "dumped without, container with", running: true, refused: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := sameInit(&container{id: "c", withInit: tc.running}, checkpoint.Meta{ID: "k", Init: tc.dumped})
+			if got := err != nil; got != tc.refused || (tc.refused && !errdefs.IsFailedPrecondition(err)) {
+				t.Fatalf("sameInit: %v, want refused %v (FailedPrecondition)", err, tc.refused)
+			}
+		})
+	}
+}
