@@ -2,6 +2,8 @@ package shim
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -93,21 +95,46 @@ func TestWithInit(t *testing.T) {
 }
 
 func TestSameInit(t *testing.T) {
+	self, err := os.Executable() // a Go binary, as the helper
+	if err != nil {
+		t.Fatal(err)
+	}
+	build, err := goBuildID(self)
+	if err != nil || build == "" {
+		t.Fatalf("goBuildID of the test binary: %q, %v; want its build id", build, err)
+	}
 	for _, tc := range []struct {
 		name            string
 		running, dumped bool
-		refused         bool
+		dumpedBuild     string // the helper's build in the checkpoint ("": none recorded)
+		refused         string // "": accepted
 	}{
 		{name: "neither"},
-		{name: "both", running: true, dumped: true},
-		{name: "dumped with the init, container without", dumped: true, refused: true},
-		{name: "dumped without, container with", running: true, refused: true},
+		{name: "both, the same build", running: true, dumped: true, dumpedBuild: build},
+		{name: "both, no build recorded", running: true, dumped: true},
+		{name: "both, the helper replaced since", running: true, dumped: true, dumpedBuild: "other", refused: "built as other"},
+		{name: "dumped with the init, container without", dumped: true, refused: "does not run it"},
+		{name: "dumped without, container with", running: true, refused: "does not run cklite's init"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := sameInit(&container{id: "c", withInit: tc.running}, checkpoint.Meta{ID: "k", Init: tc.dumped})
-			if got := err != nil; got != tc.refused || (tc.refused && !errdefs.IsFailedPrecondition(err)) {
-				t.Fatalf("sameInit: %v, want refused %v (FailedPrecondition)", err, tc.refused)
+			c := &container{id: "c", withInit: tc.running, spec: &specs.Spec{}}
+			if tc.running {
+				c.spec.Mounts = []specs.Mount{{Destination: exechelper.InitPath, Source: self}}
+			}
+			err := sameInit(c, checkpoint.Meta{ID: "k", Init: tc.dumped, InitBuild: tc.dumpedBuild})
+			if tc.refused == "" && err != nil {
+				t.Fatalf("sameInit: %v, want accepted", err)
+			}
+			if tc.refused != "" && (!errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tc.refused)) {
+				t.Fatalf("sameInit: %v, want FailedPrecondition saying %q", err, tc.refused)
 			}
 		})
+	}
+	notELF := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(notELF, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := goBuildID(notELF); err == nil {
+		t.Errorf("goBuildID of a script: no error")
 	}
 }
