@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	"github.com/klauspost/compress/zstd"
 	digest "github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -299,7 +300,7 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 	verifier := desc.Digest.Verifier()
 	// Large reads: through containerd's content proxy each read is a request.
 	raw := io.TeeReader(bufio.NewReaderSize(content.NewReader(ra), 4<<20), verifier)
-	r, err := compression.DecompressStream(raw)
+	r, err := decompress(raw)
 	if errdefs.IsNotFound(err) { // known to containerd's metadata, gone from the disk
 		return missing(desc, err)
 	}
@@ -325,6 +326,28 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: the content does not match its digest: %w", desc.Digest, errdefs.ErrDataLoss)
 	}
 	return nil
+}
+
+// maxZstdWindow bounds the memory a blob's decompression takes: zstd keeps a window of the size
+// the stream's header asks for, which containerd's decoder allows up to 512 MiB; cklite's
+// exports ask for 8 MiB (the encoder's default).
+const maxZstdWindow = 32 << 20
+
+// decompress is compression.DecompressStream with zstd's window at most maxZstdWindow.
+func decompress(r io.Reader) (io.ReadCloser, error) {
+	br := bufio.NewReader(r)
+	magic, err := br.Peek(4)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if compression.DetectCompression(magic) != compression.Zstd {
+		return compression.DecompressStream(br)
+	}
+	zr, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(maxZstdWindow))
+	if err != nil {
+		return nil, err
+	}
+	return zr.IOReadCloser(), nil
 }
 
 func missing(desc ocispec.Descriptor, err error) error {

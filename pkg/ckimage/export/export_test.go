@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	"github.com/klauspost/compress/zstd"
 	digest "github.com/opencontainers/go-digest"
 	imagespec "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -224,7 +225,9 @@ func TestExtractBad(t *testing.T) {
 		onParent bool
 		// sizes are the sizes headers claim, where not their data's: the tar ends there.
 		sizes map[string]int64
-		want  string
+		// zstdWindow, if set, is the window the blob's zstd stream asks its decoder to keep.
+		zstdWindow int
+		want       string
 	}{
 		{name: "not cklite", files: map[string]string{"inventory.img": "x"}, want: "not a cklite checkpoint"},
 		{name: "missing", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, _ string) error {
@@ -252,6 +255,9 @@ func TestExtractBad(t *testing.T) {
 		}, want: "invalid checksum digest"},
 		// Its header alone: the size is refused before anything is read or written.
 		{name: "fills the disk", files: map[string]string{"pages-1.img": ""}, sizes: map[string]int64{"pages-1.img": 1 << 62}, want: "of the disk"},
+		// A valid checkpoint, in a stream whose decoder would keep 512 MiB.
+		{name: "zstd window", zstdWindow: zstd.MaxWindowSize, want: "window size exceeded", files: map[string]string{
+			"inventory.img": "x", checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}},
 		{name: "escape", files: map[string]string{"../evil": "x"}, want: "leaves the directory"},
 		{name: "absolute", files: map[string]string{"/evil": "x"}, want: "leaves the directory"},
 		{name: "no inventory", files: map[string]string{checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}, want: "not a CRIU image directory"},
@@ -279,6 +285,11 @@ func TestExtractBad(t *testing.T) {
 				if err := tw.Close(); err != nil {
 					t.Fatal(err)
 				}
+			}
+			if tc.zstdWindow != 0 {
+				// Zeros after the tar's end, as its own padding: a stream shorter than its
+				// window gets a smaller one from the encoder.
+				buf = zstdStream(t, append(buf.Bytes(), make([]byte, 4<<20)...), tc.zstdWindow)
 			}
 			desc := ocispec.Descriptor{MediaType: ckimage.MediaTypeCheckpoint, Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
 			if err := content.WriteBlob(ctx, cs, "blob", bytes.NewReader(buf.Bytes()), desc); err != nil {
@@ -308,6 +319,23 @@ func TestExtractBad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// zstdStream compresses data as a stream (no single segment) whose header asks for window.
+func zstdStream(t *testing.T, data []byte, window int) bytes.Buffer {
+	t.Helper()
+	var out bytes.Buffer
+	zw, err := zstd.NewWriter(&out, zstd.WithWindowSize(window), zstd.WithSingleSegment(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zw.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestWriteChain exports a checkpoint whose memory is stored as what changed since its parent's:
