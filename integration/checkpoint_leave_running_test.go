@@ -53,9 +53,9 @@ func TestCheckpointLeavesTaskRunning(t *testing.T) {
 			e.snapshotterGone(t, task, func() { same("after a checkpoint without cklite-snapshotter") })
 		}
 	}
-	// The shim's step times of each checkpoint (freeze, dump, walk, write, thaw, commit, record).
+	// The shim's step times of each checkpoint, from the task API's arrival to its answer.
 	for _, l := range strings.Split(e.d.LogTail(1000), "\n") {
-		if strings.Contains(l, "task left running") {
+		if strings.Contains(l, "checkpoint steps") {
 			t.Log(l)
 		}
 	}
@@ -233,6 +233,11 @@ func TestCheckpointSwitchRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := e.timedCheckpoint(t, c.ID(), "switch-1")
+	// The 70 MiB were written before the checkpoint: the switch is decided before the dump, which
+	// the in-place cycle then makes once.
+	if l := switchLine(t, e); !strings.Contains(l, "dumpedTwice=false") {
+		t.Fatalf("the switch was decided after a first dump: %s", l)
+	}
 	task = e.taskOf(t, c.ID())
 	if task.Pid() == pid || rootMountID(t, task.Pid()) == mnt {
 		t.Fatalf("after a checkpoint of 70 MiB written, init %d on mount %s (was %d on %s): want the in-place cycle", task.Pid(), rootMountID(t, task.Pid()), pid, mnt)
@@ -287,4 +292,72 @@ func (e *ckEnv) taskOf(t *testing.T, id string) client.Task {
 	}
 	e.expectStatus(t, task, client.Running, "now")
 	return task
+}
+
+// switchLine is the shim's log line of the switch rule's decision.
+func switchLine(t *testing.T, e *ckEnv) string {
+	t.Helper()
+	for _, l := range strings.Split(e.d.LogTail(1000), "\n") {
+		if strings.Contains(l, "switching the upper instead of capturing it") {
+			return l
+		}
+	}
+	t.Fatal("the shim logged no switch of the upper")
+	return ""
+}
+
+// TestCheckpointAfterTaskRestart: a task started again on the same rootfs (a new shim, without
+// the capture record of the shim before it in memory) captures only what changed since the last
+// capture of the task before it, whose record that capture saved beside the upper; a rollback to
+// that checkpoint shows the files of both tasks.
+func TestCheckpointAfterTaskRestart(t *testing.T) {
+	e := newCkEnv(t)
+	c := e.newContainer(t, "restart", e.img, oci.WithProcessArgs("sleep", "1000000"))
+	if _, err := startTask(e.ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	rootfs := e.d.RootfsPath(c.ID())
+	const files = 40
+	if err := os.MkdirAll(filepath.Join(rootfs, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range files {
+		if err := os.WriteFile(filepath.Join(rootfs, "data", fmt.Sprint("f", i)), []byte(fmt.Sprint("file ", i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.timedCheckpoint(t, c.ID(), "restart-1")
+	killTask(e.ctx, t, c)
+	if _, err := startTask(e.ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "data", "after"), []byte("after the restart"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	second := e.timedCheckpoint(t, c.ID(), "restart-2")
+	line := lastStepsLine(t, e)
+	if !strings.Contains(line, "delta=true") || strings.Contains(line, fmt.Sprint("writes=", files)) {
+		t.Fatalf("the restarted task's first checkpoint did not capture a delta on the last capture: %s", line)
+	}
+	cklite(t, e.d, "rollback", c.ID(), second)
+	for _, f := range []string{"f0", fmt.Sprint("f", files-1), "after"} {
+		if _, err := os.Stat(filepath.Join(rootfs, "data", f)); err != nil {
+			t.Fatalf("after a rollback to the restarted task's checkpoint: %v", err)
+		}
+	}
+}
+
+// lastStepsLine is the shim's log line of the last checkpoint's steps.
+func lastStepsLine(t *testing.T, e *ckEnv) string {
+	t.Helper()
+	last := ""
+	for _, l := range strings.Split(e.d.LogTail(1000), "\n") {
+		if strings.Contains(l, "checkpoint steps") {
+			last = l
+		}
+	}
+	if last == "" {
+		t.Fatal("the shim logged no checkpoint steps")
+	}
+	return last
 }

@@ -109,9 +109,13 @@ func withoutLabel(labels []string, key string) []string {
 	return out
 }
 
-// PrepareDump configures the container for its next dump, in one configuration update (it sits
-// in every checkpoint's path): its own network namespace named so that the dump leaves it out as
-// external, and exactly options given to CRIU through WithCRIUOptions. Options an earlier restore
+// PrepareDump configures the container for its next dump, in at most one configuration update
+// (it sits in every checkpoint's path): its own network namespace named so that the dump leaves
+// it out as external, and exactly options given to CRIU through WithCRIUOptions, in a file of
+// dir. Given the same dir every time, the file's path stays and a dump's options change only its
+// contents, which CRIU reads at the dump: the configuration is updated (libcontainer's Set, which
+// also rewrites every cgroup limit and the state file: milliseconds) only when something else
+// changed, after a restore or the first time. Options an earlier restore
 // or dump was given go: with leave-stopped, a dump would leave the processes stopped instead of
 // ending them. On a cgroup v1 host whose hierarchies form a yard, the dump opens them there
 // instead of mounting each (cgroupYardOption): restores are configured apart and keep their
@@ -129,10 +133,11 @@ func (c *Container) PrepareDump(dir string, options ...string) error {
 		options = append(slices.Clip(options), yard)
 	}
 	if len(options) > 0 {
+		before := cfg.Labels
 		if err := WithCRIUOptions(&cfg, dir, options...); err != nil {
 			return err
 		}
-		changed = true
+		changed = changed || !slices.Equal(before, cfg.Labels)
 	} else if resetCRIUOptions(&cfg) {
 		changed = true
 	}

@@ -59,7 +59,7 @@ func TestWhileFrozen(t *testing.T) {
 			eng.fail["Checkpoint"] = tc.dumpErr
 			ck := &checkpointRun{c: &container{eng: eng}, opts: &options.CheckpointOptions{}}
 			dump := func() error { return ck.c.engine().Checkpoint(runtime.CheckpointOpts{}) }
-			err := ck.whileFrozen(cp, dump, true, newSteps())
+			err := ck.whileFrozen(cp, dump, true, newSteps(), func() (context.Context, error) { return context.Background(), nil })
 			if (err != nil) != tc.fails || tc.want != nil && !errors.Is(err, tc.want) {
 				t.Fatalf("whileFrozen: %v, want it to fail: %t (%v)", err, tc.fails, tc.want)
 			}
@@ -91,7 +91,10 @@ func testCapture(t *testing.T, size int) *capture.Capture {
 	if err := os.WriteFile(filepath.Join(ms[0].Source, "f"), make([]byte, size), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cp, err := capture.Prepare(ctx, sn, "live", "layer", nil)
+	cp, err := capture.Open(ctx, sn, "live", "layer", nil)
+	if err == nil {
+		err = cp.Prepare(ctx, sn)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ const ckliteVersion = "cklite/1"
 // restore in place (inplace.go). With Exit the dump kills it; its upper is captured after a
 // previous capture, frozen as it is otherwise.
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	t := newSteps()
 	c, err := s.get(r.ID)
 	if err != nil {
 		return nil, err
@@ -52,7 +53,7 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 			return nil, errgrpc.ToGRPC(err)
 		}
 	}
-	ck := &checkpointRun{s: s, c: c, opts: o, path: o.ImagePath}
+	ck := &checkpointRun{s: s, c: c, opts: o, path: o.ImagePath, t: t}
 	if ck.path == "" {
 		ck.path = r.Path
 	}
@@ -65,6 +66,7 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	c.lifecycle.Lock()
 	defer c.lifecycle.Unlock()
+	t.mark("request")
 	from, err := c.init.transition("checkpoint", statusCheckpointing)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -78,6 +80,9 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	s.dedupPages(ctx, ns, ck)
 	s.events.send(&eventstypes.TaskCheckpointed{ContainerID: c.id, Checkpoint: ck.path})
+	t.mark("after")
+	t.fields["total"] = time.Since(t.start)
+	log.G(ctx).WithFields(t.fields).WithField("id", c.id).Info("checkpoint steps")
 	return empty, nil
 }
 
@@ -88,10 +93,19 @@ type checkpointRun struct {
 	opts       *options.CheckpointOptions
 	path, work string
 	lm         leases.Manager
+	lease      *workLease
+	dumped     bool   // dump has written the image directory
+	t          *steps // the time each step took, logged once the checkpoint is answered
 }
 
 func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	c := ck.c
+	var err error
+	if ck.lm, err = ck.s.daemon.leases(); err != nil {
+		return err
+	}
+	ck.lease = startWorkLease(ctx, ck.lm)
+	defer ck.lease.release(ctx)
 	rs, err := ck.s.daemon.containerRootfs(ctx, ns, c.id)
 	if err != nil {
 		return err
@@ -100,18 +114,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	if err != nil {
 		return err
 	}
-	if ck.lm, err = ck.s.daemon.leases(); err != nil {
-		return err
-	}
-	// Everything the checkpoint creates in containerd is held by this lease until the
-	// checkpoint's own lease holds it: containerd's collector never sees the frozen layer
-	// unreferenced in between.
-	work, err := ck.lm.Create(ctx, leases.WithRandomID(), leases.WithExpiration(10*time.Minute))
-	if err != nil {
-		return fmt.Errorf("lease for the checkpoint: %w", err)
-	}
-	defer ck.lm.Delete(context.WithoutCancel(ctx), work) //nolint:errcheck
-	ctx = leases.WithLease(ctx, work.ID)
+	ck.t.mark("container")
 	meta := checkpoint.Meta{
 		ID:        checkpoint.NewID(),
 		Namespace: ns,
@@ -142,19 +145,26 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		return fmt.Errorf("container %s has no rootfs snapshot to freeze (its rootfs comes from the spec): ask for a memory-only checkpoint (label %s=%s): %w",
 			c.id, checkpoint.ContentsKey, checkpoint.MemoryOnly, errdefs.ErrFailedPrecondition)
 	}
+	ck.t.mark("meta")
 	if contents.HasMemory() {
 		execOpts, err := c.captureExecs(ck.path)
 		if err != nil {
 			return err
 		}
+		ck.t.mark("execs")
 		meta.Dump.ExternalNetNS = c.engine().HasNetNS()
 		if meta.Dump.NetworkLock, err = networkLock(c.init.getPid(), meta.Dump.ExternalNetNS); err != nil {
 			return err
 		}
+		ck.t.mark("netlock")
 		opts := append(dumpCRIUOptions(meta.Dump), execOpts...)
-		if err := c.engine().PrepareDump(ck.work, opts...); err != nil {
+		// The dump's CRIU configuration goes to the same file of the bundle every time (not
+		// into the work directory, which a client names anew for each checkpoint): the engine's
+		// configuration then stays as it is.
+		if err := c.engine().PrepareDump(filepath.Join(c.bundle, "criu-dump"), opts...); err != nil {
 			return err
 		}
+		ck.t.mark("prepareDump")
 	}
 	if contents == checkpoint.MemoryOnly {
 		if err := c.engine().Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
@@ -182,9 +192,13 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 	if !errors.Is(err, errSwitch) {
 		return err
 	}
-	log.G(ctx).WithError(err).WithField("id", meta.ID).Info("checkpoint: switching the upper instead of capturing it")
-	if err := clearDump(ck.path); err != nil {
-		return err
+	// Decided from the estimate, before the dump, or (what the estimate did not see) after it:
+	// then the in-place cycle dumps a second time.
+	log.G(ctx).WithError(err).WithFields(log.Fields{"id": meta.ID, "dumpedTwice": ck.dumped}).Info("checkpoint: switching the upper instead of capturing it")
+	if ck.dumped {
+		if err := clearDump(ck.path); err != nil {
+			return err
+		}
 	}
 	return ck.withRootfs(ctx, sn, rs.key, meta)
 }
@@ -194,6 +208,7 @@ func (ck *checkpointRun) dump() error {
 	if err := ck.c.engine().Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
 		return keepDumpLog(ck.c.bundle, ck.work, err)
 	}
+	ck.dumped = true
 	return nil
 }
 
@@ -217,7 +232,10 @@ func (ck *checkpointRun) filesystemOnly(ctx context.Context, sn snapshots.Snapsh
 // no half checkpoint is recorded.
 func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta) error {
 	c := ck.c
-	var err error
+	ctx, err := ck.lease.under(ctx)
+	if err != nil {
+		return err
+	}
 	// The upper becomes the layer, stacked where it is: its parent is the checkpoint of key's
 	// parent, even when captures were taken since (they are its siblings).
 	if meta.Parent, err = parentCheckpoint(ctx, sn, key); err != nil {
@@ -297,16 +315,20 @@ func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error
 	if meta.MemoryBytes, err = checkpoint.ImageSize(ck.path); err != nil {
 		return fmt.Errorf("size of checkpoint images: %w", err)
 	}
+	ck.t.mark("imageSize")
 	if err := checkpoint.Write(ck.path, meta); err != nil {
 		return err
 	}
+	ck.t.mark("metaFile")
 	// Only a directory the client named outlives the call; the daemon's temporary one does not.
 	rec := checkpoint.Record{Meta: meta, ImagePath: ck.opts.ImagePath}
 	if _, err := checkpoint.Hold(ctx, ck.lm, rec); err != nil {
 		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
 		return err
 	}
+	ck.t.mark("hold")
 	ck.s.descend(ctx, ck.c.id, meta)
+	ck.t.mark("lineage")
 	return nil
 }
 

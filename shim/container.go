@@ -31,7 +31,9 @@ type container struct {
 	rootfs     string // <bundle>/rootfs when the shim mounted it, unmounted on delete
 	// captured is the last capture of the rootfs upper (capture.go), for the next one to write
 	// only what changed; nil whenever the upper is not the one it recorded. Under the lifecycle lock.
-	captured   *capture.Record
+	captured *capture.Record
+	// saves are the records being saved beside the upper (capture.go): a delete waits for them.
+	saves      sync.WaitGroup
 	opts       *options.Options
 	eng        engine // read through engine(): an in-place checkpoint or rollback replaces it
 	init       *process

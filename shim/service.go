@@ -285,6 +285,7 @@ func (s *service) deleteContainer(ctx context.Context, c *container) error {
 	if deleting {
 		return fmt.Errorf("container %s is being deleted: %w", c.id, errdefs.ErrNotFound)
 	}
+	c.saves.Wait()
 	if c.init.status() == statusCreated && c.init.getPid() > 0 {
 		_ = c.engine().Signal(syscall.SIGKILL, false)
 		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)

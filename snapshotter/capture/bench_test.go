@@ -19,7 +19,7 @@ func BenchmarkWalk(b *testing.B) {
 			age(prev)
 			for b.Loop() {
 				b.StopTimer()
-				c, err := Prepare(e.ctx, e.sn, "live", "walk", prev)
+				c, err := e.prepare("walk", prev)
 				must(b, err)
 				b.StartTimer()
 				must(b, c.Walk())
@@ -43,7 +43,7 @@ func BenchmarkWrite(b *testing.B) {
 			b.SetBytes(int64(tc.files * tc.size))
 			for b.Loop() {
 				b.StopTimer()
-				c, err := Prepare(e.ctx, e.sn, "live", "write", nil)
+				c, err := e.prepare("write", nil)
 				must(b, err)
 				must(b, c.Walk())
 				b.StartTimer()

@@ -23,7 +23,7 @@ func (c *Capture) Commit(ctx context.Context, sn snapshots.Snapshotter, labels m
 		c.Abort(ctx, sn)
 		return nil, fmt.Errorf("capturing %s: commit %s as %s: %w", c.key, c.tmp, c.name, err)
 	}
-	return &Record{Upper: c.upper, Layer: c.name, entries: c.entries}, nil
+	return &Record{Key: c.key, Parent: c.parent, Upper: c.upper, Layer: c.name, Labels: labels, Size: c.stats.Size, use: c.use, entries: c.entries}, nil
 }
 
 // Abort removes the capture's snapshot. What it cannot remove (the snapshotter is gone) stays

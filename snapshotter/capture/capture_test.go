@@ -113,8 +113,10 @@ func TestCaptureWhole(t *testing.T) {
 			return r
 		}},
 		{name: "another upper", prev: func(e *env) *Record {
+			// A record of another key's upper (a key keeps its upper: Open trusts the record of
+			// the same key, the caller drops it when it switches the key's upper).
 			r := e.capture(nil, "other")
-			r.Upper = "/elsewhere"
+			r.Key, r.Upper = "elsewhere", "/elsewhere"
 			return r
 		}},
 	} {
@@ -161,12 +163,15 @@ type env struct {
 
 // newEnv makes a snapshotter with a base layer, an active snapshot "live" on it mounted, and
 // changes made through the mount: a file copied up, files and directories of the upper alone.
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB) *env { return newEnvAt(t, t.TempDir()) }
+
+// newEnvAt is newEnv with the snapshotter's root at root.
+func newEnvAt(t testing.TB, root string) *env {
 	if os.Getuid() != 0 {
 		t.Skip("needs root: overlay mounts and trusted.* attributes")
 	}
 	ctx := context.Background()
-	sn, err := snapshotter.New(ctx, t.TempDir())
+	sn, err := snapshotter.New(ctx, root)
 	must(t, err)
 	t.Cleanup(func() { sn.Close() })
 	ms, err := sn.Prepare(ctx, "base-k", "")
@@ -200,9 +205,18 @@ func (e *env) capture(prev *Record, name string) *Record {
 	return r
 }
 
+// prepare opens and prepares the capture of "live" as name, after prev.
+func (e *env) prepare(name string, prev *Record) (*Capture, error) {
+	c, err := Open(e.ctx, e.sn, "live", name, prev)
+	if err != nil {
+		return nil, err
+	}
+	return c, c.Prepare(e.ctx, e.sn)
+}
+
 // captureOf captures "live" as name, after prev.
 func (e *env) captureOf(prev *Record, name string) (*Capture, *Record) {
-	c, err := Prepare(e.ctx, e.sn, "live", name, prev)
+	c, err := e.prepare(name, prev)
 	must(e.t, err)
 	must(e.t, c.Walk())
 	must(e.t, c.Write())
@@ -343,7 +357,7 @@ func must(t testing.TB, err error) {
 // TestCaptureAbort: an aborted capture leaves no snapshot.
 func TestCaptureAbort(t *testing.T) {
 	e := newEnv(t)
-	c, err := Prepare(e.ctx, e.sn, "live", "aborted", nil)
+	c, err := e.prepare("aborted", nil)
 	must(t, err)
 	must(t, c.Walk())
 	c.Abort(e.ctx, e.sn)

@@ -2,30 +2,37 @@ package capture
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
 	"sort"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/snapshotter/freeze"
 )
 
-// Capture is one capture of an active snapshot's upper, in the steps a checkpoint needs: Prepare
-// (the snapshot calls, while the task runs), Walk and Write (while its writers are still: a
-// frozen cgroup), Commit (the snapshot calls again, once the task runs again), or Abort.
+// Capture is one capture of an active snapshot's upper, in the steps a checkpoint needs: Open
+// and Prepare (the snapshot calls, while the task runs; Estimate, to decide whether to capture
+// at all), Walk and Write (while its writers are still: a frozen cgroup), Commit (the snapshot
+// calls again, once the task runs again), or Abort.
 type Capture struct {
 	key, upper string
-	name, tmp  string // the layer to commit, and the snapshot it is written into until then
-	to         string // the upper directory of tmp
-	base       string // the layer the capture goes on: the previous capture's, or key's parent
-	was        map[string]entry
+	parent     string           // key's parent
+	name, tmp  string           // the layer to commit, and the snapshot it is written into until then
+	to         string           // the upper directory of tmp
+	base       string           // the layer the capture goes on: the previous capture's, or key's parent
+	prev       *Record          // the previous capture of the same upper, if any
+	was        map[string]entry // what the capture compares with: prev's, if its layer is there
 	ops        []op
 	entries    map[string]entry // the new record
 	stats      Stats
+	maxEntries int   // a walk stops past this many entries (errTooMany); 0: no limit
+	use        fsUse // the upper's filesystem's use when Walk began
 }
 
 // Stats measure a capture: what the walk saw and what the capture writes.
@@ -46,11 +53,19 @@ type op struct {
 	opaque   string // for a directory: the value of its opaque mark, "" for none
 }
 
-// Prepare starts the capture of active snapshot key of sn as the layer name: a delta against
-// prev when prev recorded key's current upper and its layer still exists, else the whole upper on
-// key's parent. It prepares the snapshot "cklite/capturing/<name>" the capture is written into:
-// call it under a lease (containerd's collector must not take it), and end with Commit or Abort.
-func Prepare(ctx context.Context, sn snapshots.Snapshotter, key, name string, prev *Record) (*Capture, error) {
+// errTooMany ends a walk past its maxEntries.
+var errTooMany = errors.New("too many entries")
+
+// Open starts the capture of active snapshot key of sn as the layer name, after prev (nil: the
+// record saved beside the upper, if any): it finds key's upper directory and parent, asking sn
+// unless prev recorded them for the same key (a key keeps its upper for its life: the caller
+// drops prev when it switches the key's upper). It makes no snapshot: Prepare does.
+func Open(ctx context.Context, sn snapshots.Snapshotter, key, name string, prev *Record) (*Capture, error) {
+	c := &Capture{key: key, name: name, tmp: "cklite/capturing/" + name, entries: map[string]entry{}}
+	if prev != nil && prev.Key == key && prev.Upper != "" {
+		c.upper, c.parent, c.prev = prev.Upper, prev.Parent, prev
+		return c, nil
+	}
 	info, err := sn.Stat(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("capturing %s: %w", key, err)
@@ -62,33 +77,85 @@ func Prepare(ctx context.Context, sn snapshots.Snapshotter, key, name string, pr
 	if err != nil {
 		return nil, fmt.Errorf("capturing %s: %w", key, err)
 	}
-	upper, err := freeze.UpperDir(key, ms)
-	if err != nil {
+	if c.upper, err = freeze.UpperDir(key, ms); err != nil {
 		return nil, err
 	}
-	c := &Capture{key: key, upper: upper, name: name, tmp: "cklite/capturing/" + name, base: info.Parent, entries: map[string]entry{}}
-	if prev != nil && prev.Upper == upper {
-		switch _, err := sn.Stat(ctx, prev.Layer); {
-		case err == nil:
-			c.base, c.was, c.stats.Delta = prev.Layer, prev.entries, true
-		case !errdefs.IsNotFound(err):
-			return nil, fmt.Errorf("capturing %s: previous capture %s: %w", key, prev.Layer, err)
-		}
+	c.parent = info.Parent
+	if prev == nil {
+		// A record saved by an earlier process (Record.Save); one that cannot be read is as
+		// none: the capture is of the whole upper.
+		prev, _ = loadRecord(c.upper)
 	}
-	ms, err = sn.Prepare(ctx, c.tmp, c.base)
-	if err != nil {
-		return nil, fmt.Errorf("capturing %s: prepare %s on %q: %w", key, c.tmp, c.base, err)
-	}
-	if c.to, err = freeze.UpperDir(c.tmp, ms); err != nil {
-		c.Abort(ctx, sn)
-		return nil, err
+	if prev != nil && prev.Upper == c.upper {
+		c.prev = prev
 	}
 	return c, nil
+}
+
+// Prepare prepares the snapshot "cklite/capturing/<name>" the capture is written into: on the
+// previous capture's layer, the capture a delta against it, when that layer still exists, else
+// on key's parent, the capture the whole upper. Call it under a lease (containerd's collector
+// must not take it), and end with Commit or Abort. It touches nothing Estimate reads: the two may
+// run at the same time.
+func (c *Capture) Prepare(ctx context.Context, sn snapshots.Snapshotter) error {
+	if c.prev != nil {
+		ms, err := sn.Prepare(ctx, c.tmp, c.prev.Layer)
+		switch {
+		case err == nil:
+			c.base, c.was, c.stats.Delta = c.prev.Layer, c.prev.entries, true
+			return c.prepared(ctx, sn, ms)
+		case !errdefs.IsNotFound(err):
+			return fmt.Errorf("capturing %s: prepare %s on the previous capture %s: %w", c.key, c.tmp, c.prev.Layer, err)
+		}
+		// The previous capture's layer is gone (its checkpoint was removed): the whole upper.
+	}
+	ms, err := sn.Prepare(ctx, c.tmp, c.parent)
+	if err != nil {
+		return fmt.Errorf("capturing %s: prepare %s on %q: %w", c.key, c.tmp, c.parent, err)
+	}
+	c.base = c.parent
+	return c.prepared(ctx, sn, ms)
+}
+
+func (c *Capture) prepared(ctx context.Context, sn snapshots.Snapshotter, ms []mount.Mount) error {
+	var err error
+	if c.to, err = freeze.UpperDir(c.tmp, ms); err != nil {
+		c.Abort(ctx, sn)
+		return err
+	}
+	return nil
+}
+
+// Estimate walks the upper as Walk will, against the previous capture's record, but while its
+// writers may still run, and stops once it has seen more than maxEntries entries (0: no limit):
+// what the capture would cost if nothing changed until Walk, to decide before the task is
+// frozen and dumped whether to capture at all. It assumes the previous capture's layer is still
+// there (Prepare finds out).
+func (c *Capture) Estimate(maxEntries int) (Stats, error) {
+	e := &Capture{key: c.key, upper: c.upper, entries: map[string]entry{}, maxEntries: maxEntries}
+	var was map[string]entry
+	if c.prev != nil {
+		was, e.stats.Delta = c.prev.entries, true
+	}
+	start := time.Now()
+	err := e.walk(was, start.Add(-racyWindow).UnixNano())
+	e.stats.Walk = time.Since(start)
+	if err != nil && !errors.Is(err, errTooMany) {
+		return Stats{}, fmt.Errorf("capturing %s: estimate from %s: %w", c.key, c.upper, err)
+	}
+	return e.stats, nil
 }
 
 // Walk compares the upper with the previous capture's record: what Write will write.
 func (c *Capture) Walk() error {
 	start := time.Now()
+	// The filesystem's use as the walk begins (the writers are still): what the next capture's
+	// Growth starts from.
+	use, err := statUse(c.upper)
+	if err != nil {
+		return fmt.Errorf("capturing %s: %w", c.key, err)
+	}
+	c.use = use
 	if err := c.walk(c.was, start.Add(-racyWindow).UnixNano()); err != nil {
 		return fmt.Errorf("capturing %s: walk %s: %w", c.key, c.upper, err)
 	}
@@ -119,6 +186,9 @@ func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
 		}
 		c.entries[rel] = e
 		c.stats.Entries++
+		if c.maxEntries > 0 && c.stats.Entries > c.maxEntries {
+			return errTooMany
+		}
 		if e.isReg() {
 			c.stats.Size += e.size
 		}

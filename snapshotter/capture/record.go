@@ -20,8 +20,13 @@ const opaqueXattr = "trusted.overlay.opaque"
 // upper, with the attributes that tell whether it changed since. The next capture of the same
 // upper writes only what differs.
 type Record struct {
-	Upper   string // the upper directory captured
-	Layer   string // the committed layer that holds the capture
+	Key     string            // the active snapshot captured
+	Parent  string            // Key's parent
+	Upper   string            // the upper directory captured, Key's
+	Layer   string            // the committed layer that holds the capture
+	Labels  map[string]string // Layer's labels, as committed
+	Size    int64             // bytes of the upper's regular files
+	use     fsUse             // the upper's filesystem's use when the capture's walk began
 	entries map[string]entry
 }
 
