@@ -376,8 +376,9 @@ func newUntarBudget(dir string) (untarBudget, error) {
 // budgetOf is the budget on a filesystem of statfs st. One that counts no inodes (btrfs, an
 // unlimited tmpfs: 0 of 0 free) is bounded by its bytes alone.
 func budgetOf(st unix.Statfs_t) untarBudget {
+	bsize := int64(st.Bsize) //nolint:unconvert // int32 on 32-bit platforms
 	b := untarBudget{
-		bytes:  int64(st.Bavail)*st.Bsize - int64(st.Blocks)*st.Bsize/diskReserve,
+		bytes:  int64(st.Bavail)*bsize - int64(st.Blocks)*bsize/diskReserve,
 		inodes: int64(st.Ffree) - int64(st.Files)/diskReserve,
 	}
 	if st.Files == 0 {
