@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 
 	"github.com/cklite/cklite/integration/harness"
+	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/criuimage"
 	"github.com/cklite/cklite/pkg/exechelper"
 )
@@ -242,6 +243,22 @@ func TestInitCheckpointRollback(t *testing.T) {
 		t.Fatalf("the init's memory in the dump is %d KiB, want at most %d", dumped>>10, maxInitDump>>10)
 	}
 	expectInit(t, e, c.ID(), task, "sh -c "+probeScript("entry"))
+	// The dump names the helper's build; a rollback onto another build (an upgrade since, here
+	// the dump's record changed) is refused before anything is killed.
+	meta, err := checkpoint.Read(dir)
+	if err != nil || !meta.Init || meta.InitBuild == "" {
+		t.Fatalf("checkpoint metadata %+v, %v: want init and the helper's build id", meta, err)
+	}
+	upgraded := meta
+	upgraded.InitBuild = "other"
+	if err := checkpoint.Write(dir, upgraded); err != nil {
+		t.Fatal(err)
+	}
+	ckliteFails(t, e.d, "built as other", "rollback", c.ID(), m[1])
+	expectProbes(t, rootfs, "after a rollback onto another build of the helper")
+	if err := checkpoint.Write(dir, meta); err != nil {
+		t.Fatal(err)
+	}
 
 	if err := srv.Kill(e.ctx, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -126,6 +126,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) error {
 		Lineage:   rs.labels[checkpoint.LineageKey],
 		Dump:      dumpFlags(ck.opts),
 		Init:      c.withInit,
+		InitBuild: c.initBuild,
 	}
 	if meta.Name, err = checkpoint.RequestedName(rs.labels); err != nil {
 		return err

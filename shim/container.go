@@ -45,6 +45,7 @@ type container struct {
 	admitMounted bool
 	dumped       checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with
 	withInit     bool                 // its PID 1 is cklite's init (init.go)
+	initBuild    string               // the Go build id of the init's binary (initbuild.go)
 	netns        *os.File             // a new network namespace for that restore, held until it is done
 	execStdio    *treeHold            // stand-ins for the stdio of its exec'd processes, likewise
 	spec         *specs.Spec

@@ -49,10 +49,19 @@ func (s *service) setInit(c *container) error {
 	if err != nil {
 		return fmt.Errorf("cklite's init: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
+	build, err := goBuildID(helper)
+	if err != nil {
+		return err
+	}
+	if meta != nil {
+		if err := sameInitBuild(*meta, build); err != nil {
+			return err
+		}
+	}
 	if err := withInit(c.spec, helper); err != nil {
 		return err
 	}
-	c.withInit = true
+	c.withInit, c.initBuild = true, build
 	return nil
 }
 
@@ -113,4 +122,28 @@ func devIsTmpfs(spec *specs.Spec) bool {
 		}
 	}
 	return false
+}
+
+// sameInit refuses an in-place rollback of c to the checkpoint of meta when one of them runs
+// cklite's init and the other does not, before the task is killed: CRIU restores the PID 1 that
+// was dumped, with the mounts it had, so a dump with the init fails in a container without its
+// bind mount (after the task is gone), and one without it would leave c taken for running it.
+// A checkpoint's lineage or a reused container id can bring either (a fresh start with the init
+// from a checkpoint of the filesystem of a container without it).
+// With the init on both sides, the helper c mounts (its file now: an upgrade may have replaced it)
+// must be the build dumped (initbuild.go).
+func sameInit(c *container, meta checkpoint.Meta) error {
+	if meta.Init != c.withInit {
+		runs := map[bool]string{true: "runs", false: "does not run"}
+		return fmt.Errorf("checkpoint %s %s cklite's init as PID 1 and container %s %s it: roll back by restoring a new task from the checkpoint: %w",
+			meta.ID, runs[meta.Init], c.id, runs[c.withInit], errdefs.ErrFailedPrecondition)
+	}
+	if !meta.Init {
+		return nil
+	}
+	build, err := goBuildID(initSource(c.spec))
+	if err != nil {
+		return err
+	}
+	return sameInitBuild(meta, build)
 }

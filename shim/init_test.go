@@ -2,6 +2,8 @@ package shim
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -89,5 +91,50 @@ func TestWithInit(t *testing.T) {
 	noArgs := &specs.Spec{Process: &specs.Process{}, Mounts: []specs.Mount{dev}}
 	if err := withInit(noArgs, "/x"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("withInit without args: %v, want InvalidArgument", err)
+	}
+}
+
+func TestSameInit(t *testing.T) {
+	self, err := os.Executable() // a Go binary, as the helper
+	if err != nil {
+		t.Fatal(err)
+	}
+	build, err := goBuildID(self)
+	if err != nil || build == "" {
+		t.Fatalf("goBuildID of the test binary: %q, %v; want its build id", build, err)
+	}
+	for _, tc := range []struct {
+		name            string
+		running, dumped bool
+		dumpedBuild     string // the helper's build in the checkpoint ("": none recorded)
+		refused         string // "": accepted
+	}{
+		{name: "neither"},
+		{name: "both, the same build", running: true, dumped: true, dumpedBuild: build},
+		{name: "both, no build recorded", running: true, dumped: true},
+		{name: "both, the helper replaced since", running: true, dumped: true, dumpedBuild: "other", refused: "built as other"},
+		{name: "dumped with the init, container without", dumped: true, refused: "does not run it"},
+		{name: "dumped without, container with", running: true, refused: "does not run cklite's init"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &container{id: "c", withInit: tc.running, spec: &specs.Spec{}}
+			if tc.running {
+				c.spec.Mounts = []specs.Mount{{Destination: exechelper.InitPath, Source: self}}
+			}
+			err := sameInit(c, checkpoint.Meta{ID: "k", Init: tc.dumped, InitBuild: tc.dumpedBuild})
+			if tc.refused == "" && err != nil {
+				t.Fatalf("sameInit: %v, want accepted", err)
+			}
+			if tc.refused != "" && (!errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tc.refused)) {
+				t.Fatalf("sameInit: %v, want FailedPrecondition saying %q", err, tc.refused)
+			}
+		})
+	}
+	notELF := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(notELF, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := goBuildID(notELF); err == nil {
+		t.Errorf("goBuildID of a script: no error")
 	}
 }

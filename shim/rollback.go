@@ -120,6 +120,9 @@ func (s *service) rollbackTarget(ctx context.Context, c *container, dir string, 
 	if !meta.Contents.HasMemory() {
 		return meta, nil, "", fmt.Errorf("checkpoint %s holds no processes (contents %s): start a new task from it: %w", meta.ID, meta.Contents, errdefs.ErrFailedPrecondition)
 	}
+	if err := sameInit(c, meta); err != nil {
+		return meta, nil, "", err
+	}
 	if err := s.admit(dir, c.spec, c.rootfs); err != nil {
 		return meta, nil, "", err
 	}

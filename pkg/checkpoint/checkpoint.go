@@ -82,6 +82,9 @@ type Meta struct {
 	// Init: the dumped PID 1 is cklite's init, whose binary a restore must mount where the dump
 	// found it (shim/init.go).
 	Init bool `json:"init,omitempty"`
+	// InitBuild is the Go build id of that init's binary, which a restore requires of the one
+	// it mounts (shim/initbuild.go).
+	InitBuild string `json:"initBuild,omitempty"`
 	// Lineage is the lineage of the container when it was checkpointed (see LineageKey): what a
 	// container restored from this checkpoint descends from, after the checkpoint itself.
 	Lineage string `json:"lineage,omitempty"`

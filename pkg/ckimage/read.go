@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	"github.com/klauspost/compress/zstd"
 	digest "github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -133,7 +135,8 @@ func CacheDir(cache string, chain []ocispec.Descriptor) string {
 // Extract unpacks the CRIU image blobs of chain (a checkpoint's, Checkpoint.Chain: its memory
 // chain bottom first, the checkpoint last) into cache, each into CacheDir of the chain up to it
 // unless it is there already, each but the first with a parent link to the one below, and
-// returns the last's directory. Every directory of the chain gets its modification time set to
+// returns the last's directory. Each blob must be in cs, also when its copy is in the cache
+// already (the cache serves every namespace). Every directory of the chain gets its modification time set to
 // now (its last use, for PruneCache; a parent is never older than its children). Each blob is
 // verified against its digest and must hold a cklite checkpoint whose memory images are complete
 // (the pages read from a parent are checked by the restore's admission, pkg/criuimage, against
@@ -142,6 +145,14 @@ func CacheDir(cache string, chain []ocispec.Descriptor) string {
 func Extract(ctx context.Context, cs content.InfoReaderProvider, chain []ocispec.Descriptor, cache string) (string, error) {
 	if len(chain) == 0 || len(chain) > criuimage.MaxChain+1 {
 		return "", fmt.Errorf("a checkpoint image's memory is 1 to %d CRIU image blobs, not %d: %w", criuimage.MaxChain+1, len(chain), errdefs.ErrInvalidArgument)
+	}
+	// The digests name directories of the cache (CacheDir): one that is not a digest, from a
+	// crafted manifest, could name a directory outside it, which would be taken for an
+	// extraction already made.
+	for _, d := range chain {
+		if err := d.Digest.Validate(); err != nil {
+			return "", fmt.Errorf("CRIU images %q of the checkpoint image: %v: %w", d.Digest, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	unlock, err := lockCache(cache)
 	if err != nil {
@@ -163,6 +174,11 @@ func Extract(ctx context.Context, cs content.InfoReaderProvider, chain []ocispec
 // extractLevel makes dir the image directory of blob desc with a parent link to parent (none
 // when ""), unless it is there already, and sets its modification time to now.
 func extractLevel(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir, parent string, now time.Time) error {
+	// Asked before the cache is: the cache is shared by every namespace of the containerd, and
+	// only a store that holds the blob may use its copy (a digest is no secret, the memory is).
+	if err := present(ctx, cs, desc); err != nil {
+		return err
+	}
 	if _, err := os.Stat(filepath.Join(dir, checkpoint.MetaFile)); err == nil {
 		if err := os.Chtimes(dir, now, now); err != nil {
 			return fmt.Errorf("checkpoint image cache: %w", err)
@@ -258,8 +274,9 @@ func PruneCache(cache string, maxAge time.Duration) error {
 	return errors.Join(errs...)
 }
 
-func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir string) error {
-	// A proxy content store opens anything and fails only on the first read: ask first.
+// present checks that cs holds desc's blob, of its size. A proxy content store opens anything and
+// fails only on the first read: ask first.
+func present(ctx context.Context, cs content.InfoProvider, desc ocispec.Descriptor) error {
 	info, err := cs.Info(ctx, desc.Digest)
 	if errdefs.IsNotFound(err) {
 		return missing(desc, err)
@@ -270,6 +287,11 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 	if info.Size != desc.Size {
 		return fmt.Errorf("the CRIU images of the checkpoint image (blob %s) are corrupt: %d bytes in the content store, the manifest says %d: %w", desc.Digest, info.Size, desc.Size, errdefs.ErrDataLoss)
 	}
+	return nil
+}
+
+// extractBlob unpacks desc's blob, which present found in cs, into dir.
+func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispec.Descriptor, dir string) error {
 	ra, err := cs.ReaderAt(ctx, desc)
 	if err != nil {
 		return fmt.Errorf("CRIU images %s of the checkpoint image: %w", desc.Digest, err)
@@ -278,7 +300,7 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 	verifier := desc.Digest.Verifier()
 	// Large reads: through containerd's content proxy each read is a request.
 	raw := io.TeeReader(bufio.NewReaderSize(content.NewReader(ra), 4<<20), verifier)
-	r, err := compression.DecompressStream(raw)
+	r, err := decompress(raw)
 	if errdefs.IsNotFound(err) { // known to containerd's metadata, gone from the disk
 		return missing(desc, err)
 	}
@@ -306,13 +328,83 @@ func extractBlob(ctx context.Context, cs content.InfoReaderProvider, desc ocispe
 	return nil
 }
 
+// maxZstdWindow bounds the memory a blob's decompression takes: zstd keeps a window of the size
+// the stream's header asks for, which containerd's decoder allows up to 512 MiB; cklite's
+// exports ask for 8 MiB (the encoder's default).
+const maxZstdWindow = 32 << 20
+
+// decompress is compression.DecompressStream with zstd's window at most maxZstdWindow.
+func decompress(r io.Reader) (io.ReadCloser, error) {
+	br := bufio.NewReader(r)
+	magic, err := br.Peek(4)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if compression.DetectCompression(magic) != compression.Zstd {
+		return compression.DecompressStream(br)
+	}
+	zr, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(maxZstdWindow))
+	if err != nil {
+		return nil, err
+	}
+	return zr.IOReadCloser(), nil
+}
+
 func missing(desc ocispec.Descriptor, err error) error {
 	return fmt.Errorf("the CRIU images of the checkpoint image (blob %s, %d bytes) are not in the content store (image not pulled completely?): %w", desc.Digest, desc.Size, err)
 }
 
-// Untar writes the regular files and directories of the tar r below dir; anything else, or a
-// name leaving dir, is refused.
+// diskReserve is the share of its filesystem (1/diskReserve of its bytes and of its inodes) that
+// Untar leaves free: a blob is untrusted, and what it unpacks to is not bounded by its size (a
+// compressed or sparse stream of zeros is tiny, so is a stream of empty entries), so an
+// extraction must not fill the disk containerd and its containers write to, not even until it
+// fails and its copy is removed.
+const diskReserve = 20
+
+// untarBudget is what Untar may take below dir: the free bytes and inodes of its filesystem less
+// the reserve.
+type untarBudget struct{ bytes, inodes int64 }
+
+func newUntarBudget(dir string) (untarBudget, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return untarBudget{}, fmt.Errorf("free space below %s: %w", dir, err)
+	}
+	return budgetOf(st), nil
+}
+
+// budgetOf is the budget on a filesystem of statfs st. One that counts no inodes (btrfs, an
+// unlimited tmpfs: 0 of 0 free) is bounded by its bytes alone.
+func budgetOf(st unix.Statfs_t) untarBudget {
+	bsize := int64(st.Bsize) //nolint:unconvert // int32 on 32-bit platforms
+	b := untarBudget{
+		bytes:  int64(st.Bavail)*bsize - int64(st.Blocks)*bsize/diskReserve,
+		inodes: int64(st.Ffree) - int64(st.Files)/diskReserve,
+	}
+	if st.Files == 0 {
+		b.inodes = math.MaxInt64
+	}
+	return b
+}
+
+// take charges tar entry h (an inode and its size) to b, and refuses it when b is spent.
+func (b *untarBudget) take(h *tar.Header, dir string) error {
+	b.bytes -= h.Size
+	b.inodes--
+	if b.bytes < 0 || b.inodes < 0 {
+		return fmt.Errorf("tar entry %q (%d bytes) would leave less than 1/%d of the disk of %s free", h.Name, h.Size, diskReserve, dir)
+	}
+	return nil
+}
+
+// Untar writes the regular files and directories of the tar r below dir; anything else, a name
+// leaving dir, or an entry that would leave less than 1/diskReserve of its filesystem free, is
+// refused, the last before anything of it is written.
 func Untar(r io.Reader, dir string) error {
+	budget, err := newUntarBudget(dir)
+	if err != nil {
+		return err
+	}
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -325,6 +417,9 @@ func Untar(r io.Reader, dir string) error {
 		name := filepath.Clean(filepath.FromSlash(h.Name))
 		if name == "." || filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
 			return fmt.Errorf("tar entry %q leaves the directory", h.Name)
+		}
+		if err := budget.take(h, dir); err != nil {
+			return err
 		}
 		path := filepath.Join(dir, name)
 		switch h.Typeflag {

@@ -1,6 +1,7 @@
 package ckimage
 
 import (
+	"archive/tar"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/pkg/criuimage"
 )
@@ -115,6 +117,39 @@ func TestMemoryParents(t *testing.T) {
 				t.Fatalf("memoryParents: %d, %v; want %d", len(parents), err, tc.want)
 			case tc.refuse != "" && (err == nil || !strings.Contains(err.Error(), tc.refuse) || !errdefs.IsInvalidArgument(err)):
 				t.Fatalf("memoryParents: %v, want InvalidArgument saying %q", err, tc.refuse)
+			}
+		})
+	}
+}
+
+// TestUntarBudget: an extraction leaves 1/20 of its filesystem's bytes and inodes free, entry by
+// entry; a filesystem that counts no inodes bounds the bytes only.
+func TestUntarBudget(t *testing.T) {
+	ext4 := unix.Statfs_t{Bsize: 4096, Blocks: 1000, Bavail: 100, Files: 100, Ffree: 8} // 204800 bytes and 3 inodes to take
+	btrfs := unix.Statfs_t{Bsize: 4096, Blocks: 1000, Bavail: 100}
+	for _, tc := range []struct {
+		name    string
+		st      unix.Statfs_t
+		sizes   []int64 // the entries, in order
+		refused int     // index of the first refused, -1: none
+	}{
+		{name: "fits", st: ext4, sizes: []int64{0, 204800}, refused: -1},
+		{name: "bytes", st: ext4, sizes: []int64{204800, 1}, refused: 1},
+		{name: "inodes", st: ext4, sizes: []int64{0, 0, 0, 0}, refused: 3},
+		{name: "no inode count", st: btrfs, sizes: make([]int64, 1000), refused: -1},
+		{name: "no inode count, bytes", st: btrfs, sizes: []int64{204801}, refused: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := budgetOf(tc.st)
+			refused := -1
+			for i, size := range tc.sizes {
+				if err := b.take(&tar.Header{Name: "f" + strconv.Itoa(i), Size: size}, "/d"); err != nil {
+					refused = i
+					break
+				}
+			}
+			if refused != tc.refused {
+				t.Fatalf("entry %d refused, want %d", refused, tc.refused)
 			}
 		})
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	"github.com/klauspost/compress/zstd"
 	digest "github.com/opencontainers/go-digest"
 	imagespec "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -202,6 +203,11 @@ func TestWriteFindExtract(t *testing.T) {
 	if entries, _ := os.ReadDir(cache); len(entries) != 1 {
 		t.Fatalf("the cache holds %d entries after concurrent extracts, want 1", len(entries))
 	}
+	// The cache serves every namespace of the containerd: its copy is used only by a store that
+	// holds the blob (a digest is no secret, the memory behind it is).
+	if _, err := ckimage.Extract(ctx, newStore(t, t.TempDir()), ck.Chain(), cache); !errdefs.IsNotFound(err) {
+		t.Fatalf("Extract from a store without the blob, already extracted: %v, want NotFound", err)
+	}
 
 	if _, err := ckimage.Find(ctx, cs, "base", base.Target, platforms.Default()); !errdefs.IsNotFound(err) {
 		t.Errorf("Find in a plain image: %v, want NotFound", err)
@@ -217,7 +223,11 @@ func TestExtractBad(t *testing.T) {
 		damage func(d *ocispec.Descriptor, root string) error
 		// onParent extracts the blob as the top of a chain, on a valid parent blob.
 		onParent bool
-		want     string
+		// sizes are the sizes headers claim, where not their data's: the tar ends there.
+		sizes map[string]int64
+		// zstdWindow, if set, is the window the blob's zstd stream asks its decoder to keep.
+		zstdWindow int
+		want       string
 	}{
 		{name: "not cklite", files: map[string]string{"inventory.img": "x"}, want: "not a cklite checkpoint"},
 		{name: "missing", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, _ string) error {
@@ -236,6 +246,18 @@ func TestExtractBad(t *testing.T) {
 		{name: "truncated", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, root string) error {
 			return os.Truncate(filepath.Join(root, "blobs", "sha256", d.Digest.Encoded()), d.Size/3)
 		}, want: "are corrupt"},
+		// A manifest's digest names the cache directory: one that is no digest could name
+		// another checkpoint's image directory (here the store's root, made one), which an
+		// extraction already there would hand the restore without reading the blob.
+		{name: "digest leaves the cache", files: map[string]string{"inventory.img": "x"}, damage: func(d *ocispec.Descriptor, root string) error {
+			d.Digest = digest.Digest("sha256:" + strings.Repeat("../", 64) + root)
+			return os.WriteFile(filepath.Join(root, checkpoint.MetaFile), []byte(`{"format":1,"id":"victim","contents":"memory"}`), 0o600)
+		}, want: "invalid checksum digest"},
+		// Its header alone: the size is refused before anything is read or written.
+		{name: "fills the disk", files: map[string]string{"pages-1.img": ""}, sizes: map[string]int64{"pages-1.img": 1 << 62}, want: "of the disk"},
+		// A valid checkpoint, in a stream whose decoder would keep 512 MiB.
+		{name: "zstd window", zstdWindow: zstd.MaxWindowSize, want: "window size exceeded", files: map[string]string{
+			"inventory.img": "x", checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}},
 		{name: "escape", files: map[string]string{"../evil": "x"}, want: "leaves the directory"},
 		{name: "absolute", files: map[string]string{"/evil": "x"}, want: "leaves the directory"},
 		{name: "no inventory", files: map[string]string{checkpoint.MetaFile: `{"format":1,"id":"x","contents":"memory"}`}, want: "not a CRIU image directory"},
@@ -248,15 +270,26 @@ func TestExtractBad(t *testing.T) {
 			var buf bytes.Buffer
 			tw := tar.NewWriter(&buf)
 			for name, data := range tc.files {
-				if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+				size, claimed := tc.sizes[name]
+				if !claimed {
+					size = int64(len(data))
+				}
+				if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: size, Typeflag: tar.TypeReg}); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := tw.Write([]byte(data)); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := tw.Close(); err != nil {
-				t.Fatal(err)
+			if len(tc.sizes) == 0 {
+				if err := tw.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.zstdWindow != 0 {
+				// Zeros after the tar's end, as its own padding: a stream shorter than its
+				// window gets a smaller one from the encoder.
+				buf = zstdStream(t, append(buf.Bytes(), make([]byte, 4<<20)...), tc.zstdWindow)
 			}
 			desc := ocispec.Descriptor{MediaType: ckimage.MediaTypeCheckpoint, Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
 			if err := content.WriteBlob(ctx, cs, "blob", bytes.NewReader(buf.Bytes()), desc); err != nil {
@@ -286,6 +319,23 @@ func TestExtractBad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// zstdStream compresses data as a stream (no single segment) whose header asks for window.
+func zstdStream(t *testing.T, data []byte, window int) bytes.Buffer {
+	t.Helper()
+	var out bytes.Buffer
+	zw, err := zstd.NewWriter(&out, zstd.WithWindowSize(window), zstd.WithSingleSegment(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zw.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestWriteChain exports a checkpoint whose memory is stored as what changed since its parent's:
