@@ -336,12 +336,17 @@ func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error
 // restored or rolled back to). A failure is logged, not returned: the checkpoint or restore is
 // done, and a lineage left behind only refuses rollbacks that --force-foreign still allows.
 func (s *service) descend(ctx context.Context, id string, meta checkpoint.Meta) {
+	s.recordLineage(ctx, id, checkpoint.Descend(meta.ID, checkpoint.ParseLineage(meta.Lineage)))
+}
+
+// recordLineage sets container id's lineage to l (none when l is empty), logging a failure.
+func (s *service) recordLineage(ctx context.Context, id string, l checkpoint.Lineage) {
 	ns, err := namespaces.NamespaceRequired(ctx)
 	if err == nil {
-		err = s.daemon.setLineage(ctx, ns, id, checkpoint.Descend(meta.ID, checkpoint.ParseLineage(meta.Lineage)))
+		err = s.daemon.setLineage(ctx, ns, id, l)
 	}
 	if err != nil {
-		log.G(ctx).WithError(err).WithField("checkpoint", meta.ID).Warn("lineage not recorded")
+		log.G(ctx).WithError(err).WithField("lineage", l.String()).Warn("lineage not recorded")
 	}
 }
 

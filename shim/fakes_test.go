@@ -118,7 +118,8 @@ func (e *fakeEngine) Destroy() error                            { return e.call(
 // fakeDaemon is containerd as a checkpoint sees it: the container's rootfs snapshot and labels,
 // a snapshotter and a lease manager that accept everything.
 type fakeDaemon struct {
-	labels map[string]string
+	labels   map[string]string
+	lineages map[string]checkpoint.Lineage // what setLineage recorded, by container id
 }
 
 func (d *fakeDaemon) dial() (*grpc.ClientConn, error) {
@@ -129,7 +130,11 @@ func (d *fakeDaemon) containerRootfs(context.Context, string, string) (rootfsSna
 	return rootfsSnapshot{snapshotter: "fake", key: "rootfs", labels: d.labels}, nil
 }
 
-func (d *fakeDaemon) setLineage(context.Context, string, string, checkpoint.Lineage) error {
+func (d *fakeDaemon) setLineage(_ context.Context, _, id string, l checkpoint.Lineage) error {
+	if d.lineages == nil {
+		d.lineages = map[string]checkpoint.Lineage{}
+	}
+	d.lineages[id] = l
 	return nil
 }
 

@@ -47,7 +47,7 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 		}
 	}
 	c.dumped = meta.Dump
-	s.descend(namespaces.WithNamespace(ctx, ns), c.id, meta)
+	s.restoredLineage(namespaces.WithNamespace(ctx, ns), c, meta)
 	moveOwnCgroup(c.spec, meta.Container, c.id)
 	if meta.Contents.HasFS() && !c.fromImage {
 		sw, err := s.rootfsForRestore(ctx, ns, c.id, meta)
@@ -60,6 +60,23 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 		c.checkpoint = ""
 	}
 	return rootfs, nil
+}
+
+// restoredLineage records what container c, restored from the checkpoint of meta, descends
+// from: that checkpoint and its lineage when the client named its directory (containerd's clients
+// are trusted: security.md), nothing when it came with c's image. An image is input from outside (a registry, an archive): its
+// cklite.json names any checkpoint ids it likes, and a lineage taken from it would let c roll back
+// in place to other containers' checkpoints on this host without --force-foreign (issue 13).
+// The image's own checkpoint id is no proof either: a local checkpoint of that id is another
+// container's unless this host exported it, which nothing records. Clearing the label also drops
+// one the client may have copied from the image's config labels. c's own checkpoints start its
+// lineage afresh.
+func (s *service) restoredLineage(ctx context.Context, c *container, meta checkpoint.Meta) {
+	if c.fromImage {
+		s.recordLineage(ctx, c.id, nil)
+		return
+	}
+	s.descend(ctx, c.id, meta)
 }
 
 // admitImages checks a CRIU image directory before anything is restored from it: complete, and
