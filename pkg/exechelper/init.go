@@ -52,7 +52,12 @@ func runInit(args []string) int {
 	// Every catchable signal is caught before the entrypoint starts: none sent in between is
 	// lost. A caught signal is back to its default in the entrypoint (execve resets handlers).
 	sigs := make(chan os.Signal, 64)
-	sys := handOverTerminal(func() { signal.Notify(sigs) })
+	// SIGCHLD has a channel of its own: os/signal drops a signal whose channel is full, and a
+	// flood of forwarded signals must not cost the entrypoint's exit. One slot is enough: a
+	// wake-up reaps every child that has exited, and a SIGCHLD that finds the slot taken is
+	// covered by the wake-up pending there.
+	chld := make(chan os.Signal, 1)
+	sys := handOverTerminal(func() { signal.Notify(chld, syscall.SIGCHLD); signal.Notify(sigs) })
 	// Not PID 1 (a shared PID namespace, a test): orphans below it are still its to reap.
 	_ = setChildSubreaper()
 	child, err := startEntrypoint(args, sys)
@@ -63,22 +68,25 @@ func runInit(args []string) int {
 	if sys != nil {
 		leaveTerminal()
 	}
-	for sig := range sigs {
-		s, ok := sig.(syscall.Signal)
-		if !ok {
-			continue
-		}
-		if s != syscall.SIGCHLD {
-			if !notForwarded[s] {
+	return supervise(child, sigs, chld)
+}
+
+// supervise forwards the signals of sigs to the entrypoint child and, on each wake-up of chld,
+// reaps until the entrypoint has exited; it returns the init's exit code. sigs also gets SIGCHLD
+// (signal.Notify of every signal), which is not forwarded.
+func supervise(child int, sigs, chld <-chan os.Signal) int {
+	for {
+		select {
+		case <-chld:
+			if ws, exited := reap(child); exited {
+				return exitCode(ws)
+			}
+		case sig := <-sigs:
+			if s, ok := sig.(syscall.Signal); ok && !notForwarded[s] {
 				_ = syscall.Kill(child, s)
 			}
-			continue
-		}
-		if ws, exited := reap(child); exited {
-			return exitCode(ws)
 		}
 	}
-	return 0 // not reached: the channel is never closed
 }
 
 // handOverTerminal calls catch, which starts catching signals, and returns how the entrypoint

@@ -7,10 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // The init is this test binary run with initEnv set: no root needed. Not PID 1 here, it reaps
@@ -145,6 +148,81 @@ func parentPid(t *testing.T, pid int) int {
 		t.Fatal(err)
 	}
 	return ppid
+}
+
+// TestInitExitPastSignalFlood: the entrypoint exits in the middle of a flood of signals sent
+// faster than the init forwards them, and the init still sees it. os/signal drops a signal whose
+// channel is full, which a SIGCHLD on the forwarded signals' channel was: the init then waited for
+// ever. The flood has many signal numbers (the runtime keeps one of each pending), comes from
+// several senders, and is bounded: the init catches up once it ends.
+func TestInitExitPastSignalFlood(t *testing.T) {
+	flood := []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH}
+	for s := syscall.Signal(35); s <= 60; s++ { // real-time signals
+		flood = append(flood, s)
+	}
+	ignore := ""
+	for _, s := range flood {
+		ignore += fmt.Sprintf(" %d", s)
+	}
+	cmd, out, closeStdin := startInit(t, "trap ''"+ignore+"; echo ready; read x; exit 6")
+	if got := readLine(t, out); got != "ready" {
+		t.Fatalf("entrypoint printed %q", got)
+	}
+	// Each sender sends half its signals before the entrypoint is let go, half after.
+	const senders, each = 4, 3000
+	var halfway, finished sync.WaitGroup
+	halfway.Add(senders)
+	finished.Add(senders)
+	for range senders {
+		go func() {
+			defer finished.Done()
+			for n := range each {
+				if n == each/2 {
+					halfway.Done()
+				}
+				// Process.Signal goes through a pidfd: it cannot reach a process that reused the
+				// pid. A full queue of real-time signals (EAGAIN) skips one.
+				if errors.Is(cmd.Process.Signal(flood[n%len(flood)]), os.ErrProcessDone) {
+					return
+				}
+			}
+		}()
+	}
+	halfway.Wait()
+	closeStdin()
+	got := exitOf(t, cmd)
+	finished.Wait()
+	if got != 6 {
+		t.Fatalf("init exited %d under a signal flood, want the entrypoint's 6", got)
+	}
+}
+
+// TestSuperviseFullQueue: a SIGCHLD delivered as os/signal delivers it, to each channel that
+// has room, ends the init's supervision with the entrypoint's status while the forwarded
+// signals' channel is full.
+func TestSuperviseFullQueue(t *testing.T) {
+	child, err := startEntrypoint([]string{"sh", "-c", "exit 9"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the exit without reaping it: the pid stays the entrypoint's.
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, child, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatal(err)
+	}
+	sigs, chld := make(chan os.Signal, 64), make(chan os.Signal, 1)
+	for len(sigs) < cap(sigs) {
+		sigs <- syscall.SIGWINCH
+	}
+	for _, c := range []chan os.Signal{sigs, chld} {
+		select {
+		case c <- syscall.SIGCHLD:
+		default: // dropped, as os/signal drops it
+		}
+	}
+	if got := supervise(child, sigs, chld); got != 9 {
+		t.Fatalf("supervise returned %d, want the entrypoint's 9", got)
+	}
 }
 
 // TestInitMissingEntrypoint: an entrypoint that cannot be run ends the init with 127.
