@@ -60,7 +60,7 @@ func Find(ctx context.Context, cs content.Provider, name string, target ocispec.
 	if err != nil {
 		return Checkpoint{}, fmt.Errorf("image %s: %w", name, err)
 	}
-	data, err := content.ReadBlob(ctx, cs, m.Config)
+	data, err := readConfig(ctx, cs, m.Config)
 	if err != nil {
 		return Checkpoint{}, fmt.Errorf("config of image %s: %w", name, err)
 	}
