@@ -24,6 +24,7 @@ import (
 
 	"github.com/cklite/cklite/integration/harness"
 	"github.com/cklite/cklite/integration/workload"
+	"github.com/cklite/cklite/pkg/checkpoint"
 	"github.com/cklite/cklite/pkg/ckimage"
 )
 
@@ -54,11 +55,24 @@ func TestCheckpointImage(t *testing.T) {
 		logTiming(t, "create + start from the checkpoint image, same containerd", start)
 		expectRolledBack(t, rc, at, "ck2")
 
-		// The restored container checkpoints and exports like any: a third delta on the image.
+		// The image's cklite.json names original's checkpoints (its id and lineage): they are
+		// input from outside, and same-node descends from none of them.
 		restored, err := e.d.Client().LoadContainer(e.ctx, "same-node")
 		if err != nil {
 			t.Fatal(err)
 		}
+		labels, err := restored.Labels(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := labels[checkpoint.LineageKey]; got != "" || m2.Lineage != m1.ID {
+			t.Fatalf("same-node's lineage is %q after its restore from an image of %s (lineage %q), want none", got, m2.ID, m2.Lineage)
+		}
+		for _, k := range []string{m1.ID, m2.ID} {
+			ckliteFails(t, e.d, "checkpoint "+k+" was taken of container original", "rollback", "same-node", k)
+		}
+
+		// The restored container checkpoints and exports like any: a third delta on the image.
 		rtask, err := restored.Task(e.ctx, nil)
 		if err != nil {
 			t.Fatal(err)
