@@ -37,13 +37,14 @@ func (c *Client) Container(ctx context.Context, ref string) (containerd.Containe
 	return c.ctrd.LoadContainer(ctx, id)
 }
 
-// ContainerName is the nerdctl name of container, or "".
+// ContainerName is the nerdctl name of container, or "": the record loaded with it, not one
+// more round trip (a name is set when nerdctl creates the container).
 func ContainerName(ctx context.Context, container containerd.Container) string {
-	labels, err := container.Labels(ctx)
+	info, err := container.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err != nil {
 		return ""
 	}
-	return labels[NerdctlNameLabel]
+	return info.Labels[NerdctlNameLabel]
 }
 
 // pickContainer is resolveContainer's choice among all.
