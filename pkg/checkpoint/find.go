@@ -43,3 +43,9 @@ func findFilters(ref string) []string {
 	}
 	return fs
 }
+
+// Named are the checkpoints of container named name (at most one, unless leases were written by
+// hand), read with one filtered List: what a new name is checked against.
+func Named(ctx context.Context, lm leases.Manager, namespace, container, name string) ([]Record, error) {
+	return list(ctx, lm, namespace, fmt.Sprintf("labels.%q,labels.%q==%q,labels.%q==%q", LabelID, LabelContainer, container, LabelName, name))
+}

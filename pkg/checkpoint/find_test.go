@@ -46,3 +46,33 @@ func TestFind(t *testing.T) {
 		})
 	}
 }
+
+// TestNamed wants the checkpoint of one container with one name, not those of the same name of
+// other containers.
+func TestNamed(t *testing.T) {
+	ctx := namespaces.WithNamespace(context.Background(), "ns")
+	lm := metadata.NewLeaseManager(freezetest.MetaDB(ctx, t, "native", nil))
+	for _, r := range lookupRecords() {
+		if _, err := Hold(ctx, lm, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct{ container, name, want string }{
+		{"web", "step1", "111111111111"},
+		{"db", "step1", "222222222222"},
+		{"db", "only", ""},
+		{"web", "0123456789ab", ""},
+	} {
+		got, err := Named(ctx, lm, "ns", tc.container, tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := ""
+		for _, r := range got {
+			ids += r.ID
+		}
+		if ids != tc.want {
+			t.Errorf("Named(%s, %s) = %q, want %q", tc.container, tc.name, ids, tc.want)
+		}
+	}
+}
