@@ -98,14 +98,13 @@ type checkpointRun struct {
 	t          *steps // the time each step took, logged once the checkpoint is answered
 }
 
-func (ck *checkpointRun) run(ctx context.Context, ns string) error {
+func (ck *checkpointRun) run(ctx context.Context, ns string) (err error) {
 	c := ck.c
-	var err error
 	if ck.lm, err = ck.s.daemon.leases(); err != nil {
 		return err
 	}
 	ck.lease = startWorkLease(ctx, ck.lm)
-	defer ck.lease.release(ctx)
+	defer func() { ck.lease.end(ctx, err == nil) }()
 	rs, err := ck.s.daemon.containerRootfs(ctx, ns, c.id)
 	if err != nil {
 		return err

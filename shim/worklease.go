@@ -44,17 +44,24 @@ func (w *workLease) under(ctx context.Context) (context.Context, error) {
 	return leases.WithLease(ctx, w.l.ID), nil
 }
 
-// release deletes the lease in the background, once it is created: by then the checkpoint's own
-// lease holds what the checkpoint keeps.
-func (w *workLease) release(ctx context.Context) {
+// end deletes the lease once it is created. After a checkpoint that was taken it does so in the
+// background: by then the checkpoint's own lease holds what the checkpoint keeps. After one that
+// failed it does so before the answer, which must find containerd as it was before the call.
+func (w *workLease) end(ctx context.Context, taken bool) {
 	ctx = context.WithoutCancel(ctx)
-	go func() {
-		<-w.done
-		if w.err != nil {
-			return
-		}
-		if err := w.lm.Delete(ctx, w.l); err != nil {
-			log.G(ctx).WithError(err).WithField("lease", w.l.ID).Warn("delete the checkpoint's work lease: it expires by itself")
-		}
-	}()
+	if taken {
+		go w.delete(ctx)
+		return
+	}
+	w.delete(ctx)
+}
+
+func (w *workLease) delete(ctx context.Context) {
+	<-w.done
+	if w.err != nil {
+		return
+	}
+	if err := w.lm.Delete(ctx, w.l); err != nil {
+		log.G(ctx).WithError(err).WithField("lease", w.l.ID).Warn("delete the checkpoint's work lease: it expires by itself")
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/log"
@@ -44,7 +45,7 @@ func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string)
 			}
 			return nil
 		case out.json():
-			v := newViewer(ctx, cl, cli)
+			v := newViewer(ctx, cl, cli).prefetch(records)
 			views := make([]ckclient.Checkpoint, 0, len(records))
 			for _, r := range records {
 				views = append(views, v.view(r))
@@ -52,7 +53,7 @@ func checkpointListFlags(fs *flag.FlagSet) func(context.Context, *cli, []string)
 			return printJSON(cli.stdout, views)
 		}
 		now := time.Now()
-		if err := (lsView{tree: tree, describe: newViewer(ctx, cl, cli).view, now: now}).write(cli.stdout); err != nil {
+		if err := (lsView{tree: tree, describe: newViewer(ctx, cl, cli).prefetch(records).view, now: now}).write(cli.stdout); err != nil {
 			return err
 		}
 		return listPods(ctx, cli, cl, filter, now)
@@ -219,19 +220,61 @@ type viewer struct {
 	ctx  context.Context
 	cl   *ckclient.Client
 	cli  *cli
+	mu   sync.Mutex
 	down bool
+	// views are what prefetch described, by checkpoint id.
+	views map[string]ckclient.Checkpoint
 }
 
 func newViewer(ctx context.Context, cl *ckclient.Client, cli *cli) *viewer {
 	return &viewer{ctx: ctx, cl: cl, cli: cli}
 }
 
+// describers is how many checkpoints prefetch describes at once. Each description waits on
+// round trips (containerd, then the snapshotter's Usage) and on reading its image directories,
+// ~3 ms apiece: one after the other, a listing of 90 took ~250 ms.
+const describers = 8
+
+// prefetch describes records, describers at a time, for view to answer from; the views are the
+// same as view's own, in whatever order they complete.
+func (vw *viewer) prefetch(records []checkpoint.Record) *viewer {
+	views := make(map[string]ckclient.Checkpoint, len(records))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	slots := make(chan struct{}, describers)
+	for _, r := range records {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer wg.Done()
+			v := vw.view(r)
+			<-slots
+			mu.Lock()
+			views[r.ID] = v
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	vw.views = views
+	return vw
+}
+
 // view describes r; a failure to read its layer's usage is logged and leaves Filesystem unset.
 func (vw *viewer) view(r checkpoint.Record) ckclient.Checkpoint {
-	v, err := vw.cl.Describe(vw.ctx, r, !vw.down)
+	if v, ok := vw.views[r.ID]; ok {
+		return v
+	}
+	vw.mu.Lock()
+	usage := !vw.down
+	vw.mu.Unlock()
+	v, err := vw.cl.Describe(vw.ctx, r, usage)
 	if down, ok := snapshotterDown(err, vw.cli.address); ok {
-		vw.down = true
-		fmt.Fprintf(vw.cli.stderr, "cklite: warning: %v: sizes of frozen layers unknown\n", down)
+		vw.mu.Lock()
+		defer vw.mu.Unlock()
+		if !vw.down {
+			vw.down = true
+			fmt.Fprintf(vw.cli.stderr, "cklite: warning: %v: sizes of frozen layers unknown\n", down)
+		}
 		return v
 	}
 	if err != nil {

@@ -123,7 +123,12 @@ func Hold(ctx context.Context, lm leases.Manager, r Record) (leases.Lease, error
 
 // List returns the checkpoints of the namespace in ctx, oldest first.
 func List(ctx context.Context, lm leases.Manager, namespace string) ([]Record, error) {
-	ls, err := lm.List(ctx, fmt.Sprintf("labels.%q", LabelID))
+	return list(ctx, lm, namespace, fmt.Sprintf("labels.%q", LabelID))
+}
+
+// list returns the checkpoints whose leases match any of filters, oldest first.
+func list(ctx context.Context, lm leases.Manager, namespace string, filters ...string) ([]Record, error) {
+	ls, err := lm.List(ctx, filters...)
 	if err != nil {
 		return nil, fmt.Errorf("list checkpoint leases: %w", err)
 	}

@@ -87,50 +87,71 @@ func TestTree(t *testing.T) {
 	}
 }
 
-func TestLookup(t *testing.T) {
+// lookupCase is a ref and what Tree.Lookup and Find answer for it among lookupRecords.
+type lookupCase struct {
+	id    string
+	want  string
+	isErr func(error) bool
+	says  string
+}
+
+// lookupRecords are the checkpoints lookupCases name: ids that prefix others, names shared by
+// two containers, a name that prefixes an id, labels.
+func lookupRecords() []Record {
 	named := func(id, name, container string, labels map[string]string) Record {
 		r := rec(id, "", 4)
 		r.Name, r.Container, r.Labels = name, container, labels
 		return r
 	}
-	tree := NewTree([]Record{rec("0123456789ab", "", 0), rec("0123ffffffff", "", 1), rec("abc", "", 2), rec("abcdef", "", 3),
+	return []Record{rec("0123456789ab", "", 0), rec("0123ffffffff", "", 1), rec("abc", "", 2), rec("abcdef", "", 3),
 		named("111111111111", "step1", "web", map[string]string{"run": "7", "phase": "a"}),
 		named("222222222222", "step1", "db", map[string]string{"run": "7", "phase": "b"}),
 		named("333333333333", "only", "web", nil),
 		named("444444444444", "0123ff", "web", nil), // a name wins over the id it prefixes
-	})
-	for _, tc := range []struct {
-		id    string
-		want  string
-		isErr func(error) bool
-		says  string
-	}{
-		{id: "0123456789ab", want: "0123456789ab"},
-		{id: "01234", want: "0123456789ab"},
-		{id: "0123f", want: "0123ffffffff"},
-		{id: "abc", want: "abc"}, // a whole id wins over the longer ids it prefixes
-		{id: "abcd", want: "abcdef"},
-		{id: "0123", isErr: errdefs.IsInvalidArgument, says: "matches 0123456789ab, 0123ffffffff"},
-		{id: "fff", isErr: errdefs.IsNotFound, says: `no checkpoint "fff"`},
-		{id: "", isErr: errdefs.IsInvalidArgument, says: "empty"},
-		{id: "only", want: "333333333333"},
-		{id: "0123ff", want: "444444444444"},
-		{id: "step1", isErr: errdefs.IsInvalidArgument, says: `checkpoint name "step1" is ambiguous: it matches 111111111111 (name step1, container web), 222222222222 (name step1, container db)`},
-		{id: "phase=b", want: "222222222222"},
-		{id: "run=7", isErr: errdefs.IsInvalidArgument, says: `checkpoint label "run=7" is ambiguous`},
-		{id: "run=8", isErr: errdefs.IsNotFound, says: `no checkpoint "run=8"`},
-	} {
+	}
+}
+
+var lookupCases = []lookupCase{
+	{id: "0123456789ab", want: "0123456789ab"},
+	{id: "01234", want: "0123456789ab"},
+	{id: "0123f", want: "0123ffffffff"},
+	{id: "abc", want: "abc"}, // a whole id wins over the longer ids it prefixes
+	{id: "abcd", want: "abcdef"},
+	{id: "0123", isErr: errdefs.IsInvalidArgument, says: "matches 0123456789ab, 0123ffffffff"},
+	{id: "fff", isErr: errdefs.IsNotFound, says: `no checkpoint "fff"`},
+	{id: "", isErr: errdefs.IsInvalidArgument, says: "empty"},
+	{id: "only", want: "333333333333"},
+	{id: "0123ff", want: "444444444444"},
+	{id: "step1", isErr: errdefs.IsInvalidArgument, says: `checkpoint name "step1" is ambiguous: it matches 111111111111 (name step1, container web), 222222222222 (name step1, container db)`},
+	{id: "phase=b", want: "222222222222"},
+	{id: "run=7", isErr: errdefs.IsInvalidArgument, says: `checkpoint label "run=7" is ambiguous`},
+	{id: "run=8", isErr: errdefs.IsNotFound, says: `no checkpoint "run=8"`},
+}
+
+// check fails t unless id and err are what tc wants.
+func (tc lookupCase) check(t *testing.T, id string, err error) {
+	t.Helper()
+	if tc.isErr != nil {
+		if err == nil || !tc.isErr(err) || !strings.Contains(err.Error(), tc.says) {
+			t.Fatalf("lookup of %q = %s, %v; want an error saying %q", tc.id, id, err, tc.says)
+		}
+		return
+	}
+	if err != nil || id != tc.want {
+		t.Fatalf("lookup of %q = %s, %v; want %s", tc.id, id, err, tc.want)
+	}
+}
+
+func TestLookup(t *testing.T) {
+	tree := NewTree(lookupRecords())
+	for _, tc := range lookupCases {
 		t.Run(tc.id, func(t *testing.T) {
 			n, err := tree.Lookup(tc.id)
-			if tc.isErr != nil {
-				if err == nil || !tc.isErr(err) || !strings.Contains(err.Error(), tc.says) {
-					t.Fatalf("Lookup(%q) = %v, want an error saying %q", tc.id, err, tc.says)
-				}
-				return
+			id := ""
+			if n != nil {
+				id = n.ID
 			}
-			if err != nil || n.ID != tc.want {
-				t.Fatalf("Lookup(%q) = %v, %v; want %s", tc.id, n, err, tc.want)
-			}
+			tc.check(t, id, err)
 		})
 	}
 }

@@ -176,7 +176,7 @@ func (o CheckpointOptions) request() map[string]string {
 
 // nameFree refuses name when another checkpoint of container id has it.
 func (c *Client) nameFree(ctx context.Context, id, name string) error {
-	records, err := c.List(ctx)
+	records, err := checkpoint.Named(c.Context(ctx), c.ctrd.LeasesService(), c.namespace, id, name)
 	if err != nil {
 		return err
 	}

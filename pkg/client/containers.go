@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -17,6 +18,9 @@ import (
 // NerdctlNameLabel is the label in which nerdctl keeps a container's name.
 const NerdctlNameLabel = "nerdctl/name"
 
+// generatedID is what nerdctl and the CRI plugin name a container: 64 hex digits.
+var generatedID = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
 // Container finds the container of the client's namespace that ref names, as docker and nerdctl
 // do: the container whose id is ref; else the one named ref (nerdctl's name label); else the
 // only one whose id starts with ref. Several matches are errdefs.ErrInvalidArgument listing them;
@@ -25,6 +29,14 @@ func (c *Client) Container(ctx context.Context, ref string) (containerd.Containe
 	ctx = c.Context(ctx)
 	if ref == "" {
 		return nil, fmt.Errorf("empty container name: %w", errdefs.ErrInvalidArgument)
+	}
+	// A whole generated id (nerdctl's, the CRI's), what programs pass, needs one Get, not the
+	// list of every container; a name or prefix is not asked for by Get first, which would cost
+	// it a round trip.
+	if generatedID.MatchString(ref) {
+		if ctr, err := c.ctrd.LoadContainer(ctx, ref); err == nil {
+			return ctr, nil
+		}
 	}
 	all, err := c.ctrd.ContainerService().List(ctx)
 	if err != nil {
@@ -37,13 +49,14 @@ func (c *Client) Container(ctx context.Context, ref string) (containerd.Containe
 	return c.ctrd.LoadContainer(ctx, id)
 }
 
-// ContainerName is the nerdctl name of container, or "".
+// ContainerName is the nerdctl name of container, or "": the record loaded with it, not one
+// more round trip (a name is set when nerdctl creates the container).
 func ContainerName(ctx context.Context, container containerd.Container) string {
-	labels, err := container.Labels(ctx)
+	info, err := container.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err != nil {
 		return ""
 	}
-	return labels[NerdctlNameLabel]
+	return info.Labels[NerdctlNameLabel]
 }
 
 // pickContainer is resolveContainer's choice among all.

@@ -69,21 +69,18 @@ func (c *Client) Rollback(ctx context.Context, ref, ckRef string, opts RollbackO
 // A ref that names no checkpoint may name a nerdctl checkpoint (nerdctl checkpoint create's
 // NAME). It is what Fork and Rollback restore.
 func (c *Client) Source(ctx context.Context, ref, imagePath string) (fork.Source, error) {
-	tree, err := c.Tree(ctx, Filter{})
-	if err != nil {
-		return fork.Source{}, err
-	}
+	ctx = c.Context(ctx)
 	if ref == "" {
 		src, err := fork.FromImageDir(imagePath)
 		if err != nil {
 			return fork.Source{}, err
 		}
-		if _, err := tree.Lookup(src.Checkpoint.ID); err != nil {
+		if _, err := c.Lookup(ctx, src.Checkpoint.ID); err != nil {
 			return fork.Source{}, fmt.Errorf("the checkpoint of %s: %w", imagePath, err)
 		}
 		return src, nil
 	}
-	n, err := tree.Lookup(ref)
+	r, err := c.Lookup(ctx, ref)
 	if errdefs.IsNotFound(err) && imagePath == "" {
 		// A nerdctl checkpoint's name.
 		if dir := nerdctlImages("", ref); dir != "" {
@@ -93,10 +90,10 @@ func (c *Client) Source(ctx context.Context, ref, imagePath string) (fork.Source
 	if err != nil {
 		return fork.Source{}, err
 	}
-	if imagePath == "" && n.ImagePath == "" {
-		imagePath = nerdctlImages(n.ID, "")
+	if imagePath == "" && r.ImagePath == "" {
+		imagePath = nerdctlImages(r.ID, "")
 	}
-	return fork.SourceOf(n.Record, imagePath)
+	return fork.SourceOf(r, imagePath)
 }
 
 // Fork restores src (Source) into opts.Count new containers, all running at once, next to the

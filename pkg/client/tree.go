@@ -153,15 +153,8 @@ func gonePrefix(records []checkpoint.Record, ref string) (string, error) {
 	return "", fmt.Errorf("container id prefix %q is ambiguous: checkpoints of %s: %w", ref, strings.Join(slices.Sorted(maps.Keys(ids)), ", "), errdefs.ErrInvalidArgument)
 }
 
-// Lookup finds the checkpoint ref names (id, name, unique id prefix or KEY=VALUE).
+// Lookup finds the checkpoint ref names (id, name, unique id prefix or KEY=VALUE) by
+// checkpoint.Find: the leases that can match, not the whole tree.
 func (c *Client) Lookup(ctx context.Context, ref string) (checkpoint.Record, error) {
-	t, err := c.Tree(ctx, Filter{})
-	if err != nil {
-		return checkpoint.Record{}, err
-	}
-	n, err := t.Lookup(ref)
-	if err != nil {
-		return checkpoint.Record{}, err
-	}
-	return n.Record, nil
+	return checkpoint.Find(c.Context(ctx), c.ctrd.LeasesService(), c.namespace, ref)
 }
