@@ -114,12 +114,13 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 	opts.LeaveRunning = false
 	p.Init = true
 	// Pages in parent image directories (pkg/pagechain): nothing of the chain is rewritten while
-	// CRIU reads it.
-	chain, err := pagechain.ReadLock(o.ImagePath)
+	// CRIU reads it, through a materialised copy where pages are stored compressed.
+	chain, err := pagechain.OpenRestore(o.ImagePath, opts.WorkDirectory)
 	if err != nil {
 		return err
 	}
-	defer chain.Unlock()
+	defer chain.Close()
+	opts.ImagesDirectory = chain.Dir
 	// Until the restored init is held, no exec may join anything: the old init is gone.
 	c.guard.drop()
 	w := c.watchRestore(ctx, opts.WorkDirectory, lim)

@@ -19,7 +19,7 @@ import (
 
 // Memory stored as what changed (pkg/pagechain): once a checkpoint is taken and its task runs
 // again, the shim rewrites the checkpoint's dump so that the pages equal to its parent
-// checkpoint's are read from the parent's image directory. Only image directories in cklite's
+// checkpoint's are read from the parent's image directory, then compresses its small pages files. Only image directories in cklite's
 // own checkpoints directory of the namespace (`cklite checkpoint create`'s) take part, as child
 // and as parent: a directory a client named is the client's, and may be moved or removed by
 // means that know nothing of the chain.
@@ -45,7 +45,7 @@ func (s *service) dedupPages(ctx context.Context, ns string, ck *checkpointRun) 
 		r := s.dedup(ctx, ns, dir)
 		r.TookMs = time.Since(start).Milliseconds()
 		l := log.G(ctx).WithFields(log.Fields{"dir": dir, "parent": r.Parent, "inParent": r.InParent, "present": r.Present,
-			"bytesBefore": r.BytesBefore, "bytesAfter": r.BytesAfter, "took": time.Since(start)})
+			"bytesBefore": r.BytesBefore, "bytesAfter": r.BytesAfter, "compressedTo": r.Compressed.BytesAfter, "took": time.Since(start)})
 		if r.Skipped != "" {
 			l = l.WithField("skipped", r.Skipped)
 		}
@@ -91,14 +91,20 @@ func (s *service) dedup(ctx context.Context, ns, dir string) pagechain.Report {
 	if err != nil {
 		return skip("%v", err)
 	}
+	r := pagechain.Report{Parent: id}
 	if id == "" {
-		return skip("no checkpoint of its lineage has a memory dump in %s", root)
+		r.Skipped = fmt.Sprintf("no checkpoint of its lineage has a memory dump in %s", root)
+	} else if res, err := pagechain.Dedup(dir, pdir); err != nil {
+		r.Skipped = err.Error()
+	} else {
+		r.Result = res
 	}
-	res, err := pagechain.Dedup(dir, pdir)
-	if err != nil {
-		return pagechain.Report{Parent: id, Skipped: err.Error()}
+	// Deduplicated or not, the small pages files are stored compressed: a restore materialises
+	// them (pagechain.OpenRestore).
+	if r.Compressed, err = pagechain.Compress(dir); err != nil {
+		log.G(ctx).WithError(err).WithField("dir", dir).Warn("compress checkpoint memory")
 	}
-	return pagechain.Report{Parent: id, Result: res}
+	return r
 }
 
 // memoryParent is the nearest checkpoint of meta's lineage with a memory dump in root, and its

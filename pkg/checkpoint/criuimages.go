@@ -19,6 +19,7 @@ import (
 // Every dumped process and shared memory segment has a pagemap-*.img, and the pages it maps
 // are in the pages file its head names: pages-<n>.img, n counting from 1 across the dump as CRIU
 // writes them, a new n where cklite stored the memory as what changed since a parent's.
+// A pages file cklite compressed (criuimage.CompressedSuffix) counts as there.
 func CheckImages(dir string) error {
 	if _, err := os.Stat(filepath.Join(dir, "inventory.img")); err != nil {
 		if os.IsNotExist(err) {
@@ -31,7 +32,7 @@ func CheckImages(dir string) error {
 		return fmt.Errorf("checkpoint image directory %s: %w: %w", dir, err, errdefs.ErrInvalidArgument)
 	}
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+		if _, err := criuimage.PagesSize(dir, name); err != nil {
 			if os.IsNotExist(err) {
 				return fmt.Errorf("checkpoint image directory %s is incomplete: %s is missing (named by %s): %w",
 					dir, name, files[name], errdefs.ErrInvalidArgument)

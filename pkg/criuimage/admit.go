@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -70,7 +69,7 @@ func (img *Image) CheckPages(dir, parentsUnder string) error {
 // checkPagesFile checks that pages-<id>.img of process pid's pagemap in dir holds its present pages.
 func checkPagesFile(dir string, pid, id uint32, present, page uint64) error {
 	name := PagesName(id)
-	size, err := fileSize(filepath.Join(dir, name))
+	size, err := PagesSize(dir, name)
 	if err != nil {
 		return fmt.Errorf("%s of process %d: %w", name, pid, err)
 	}

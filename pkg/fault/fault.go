@@ -40,6 +40,7 @@ const (
 	SwitchUpdated     = "switch-updated"     // the container refers to the fresh key, the old one is not removed yet
 	SnapshotterCommit = "snapshotter-commit" // the snapshotter's commit is written, its transaction not committed
 	PagechainSwap     = "pagechain-swap"     // a rewritten pages file is in place, the pagemap naming it not yet (pkg/pagechain)
+	PagechainCompress = "pagechain-compress" // a compressed pages file is in place, the plain one not removed yet (pkg/pagechain)
 
 	// The crash-safe freeze of a container's rootfs (freeze.Rootfs: the switch rule's checkpoint).
 	FreezeLent          = "freeze-lent"           // a borrower of the container's upper exists, not committed

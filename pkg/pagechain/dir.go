@@ -195,11 +195,7 @@ func rewriteProcess(dir string, dirs []string, pid uint32, m mode, id uint32) (*
 	if (m != dedup) != hasInParent(top.pm.Runs) {
 		return nil, Counts{}, nil // nothing in parents to copy in, or deduplicated already
 	}
-	fi, err := top.pages.Stat()
-	if err != nil {
-		return nil, Counts{}, err
-	}
-	s := &swap{pid: pid, oldPages: top.pm.PagesName(), oldSize: fi.Size(), tmpPages: filepath.Join(dir, "."+criuimage.PagesName(id)+".tmp")}
+	s := &swap{pid: pid, oldPages: top.file, oldSize: top.stored, tmpPages: filepath.Join(dir, "."+criuimage.PagesName(id)+".tmp")}
 	f, err := os.OpenFile(s.tmpPages, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, Counts{}, err
@@ -248,24 +244,14 @@ func (s swap) commit(dir string) error {
 // writeFileSync replaces path with data atomically: a temporary file, synced, renamed over it.
 func writeFileSync(path string, data []byte) error {
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
+	if err := writeFileMode(tmp, data, 0o600); err != nil {
 		return err
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
+		return err
 	}
-	return err
+	return nil
 }
 
 // replaceLink points dir's parent link at target (relative to dir), atomically.
@@ -298,8 +284,9 @@ func syncDir(dir string) error {
 	return f.Sync()
 }
 
-// sweep removes what a killed rewrite left in dir: its temporary files and pages files no
-// pagemap names. The caller holds dir's exclusive lock.
+// sweep removes what a killed rewrite or compression left in dir: its temporary files, pages
+// files no pagemap names, and the plain form of a pages file compressed already. The caller
+// holds dir's exclusive lock.
 func sweep(dir string) error {
 	named, err := criuimage.PagesFiles(dir)
 	if err != nil {
@@ -315,6 +302,13 @@ func sweep(dir string) error {
 		if id, ok := pagesID(n); ok && named[criuimage.PagesName(id)] == "" {
 			stale = true
 		}
+		// Both forms of a pages file: a compression killed before it removed the plain one.
+		if plain, ok := strings.CutSuffix(n, criuimage.CompressedSuffix); ok && named[plain] != "" {
+			if _, err := os.Stat(filepath.Join(dir, plain)); err == nil {
+				n = plain
+				stale = true
+			}
+		}
 		if stale {
 			if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
@@ -324,8 +318,9 @@ func sweep(dir string) error {
 	return nil
 }
 
-// pagesID is the id of pages file name.
+// pagesID is the id of pages file name, plain or compressed.
 func pagesID(name string) (uint32, bool) {
+	name = strings.TrimSuffix(name, criuimage.CompressedSuffix)
 	s, ok := strings.CutPrefix(name, "pages-")
 	if !ok {
 		return 0, false

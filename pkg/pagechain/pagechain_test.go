@@ -198,7 +198,8 @@ func mapsEqual(a, b mem) bool {
 	return true
 }
 
-// leftovers fails if dir holds a temporary file or a pages file no pagemap names.
+// leftovers fails if dir holds a temporary file or a pages file (plain or compressed) no pagemap
+// names.
 func leftovers(t *testing.T, dir string) {
 	t.Helper()
 	named, err := criuimage.PagesFiles(dir)
@@ -208,7 +209,7 @@ func leftovers(t *testing.T, dir string) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		n := e.Name()
-		if _, ok := pagesID(n); (ok && named[n] == "") || strings.HasSuffix(n, ".tmp") {
+		if _, ok := pagesID(n); (ok && named[strings.TrimSuffix(n, criuimage.CompressedSuffix)] == "") || strings.HasSuffix(n, ".tmp") {
 			t.Errorf("%s left over in %s", n, dir)
 		}
 	}

@@ -19,7 +19,9 @@ type Report struct {
 	// Skipped says why the directory stays a full dump.
 	Skipped string `json:"skipped,omitempty"`
 	Result
-	TookMs int64 `json:"tookMs"`
+	// Compressed is what Compress did after the deduplication.
+	Compressed Compressed `json:"compressed"`
+	TookMs     int64      `json:"tookMs"`
 }
 
 // WriteReport writes r into dir atomically.

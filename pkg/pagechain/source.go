@@ -18,7 +18,10 @@ type level struct {
 	dir   string
 	pm    criuimage.PagemapFile
 	offs  []uint64 // byte offset of each present run in the pages file
-	pages *os.File
+	pages pagesReader
+	// file is the name of the pages file on disk (pages-<id>.img, or compressed), stored its size.
+	file   string
+	stored int64
 }
 
 func openLevel(dir string, pid uint32) (*level, error) {
@@ -26,11 +29,11 @@ func openLevel(dir string, pid uint32) (*level, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(filepath.Join(dir, pm.PagesName()))
+	r, name, size, err := openPages(dir, pm.PagesName())
 	if err != nil {
 		return nil, err
 	}
-	l := &level{dir: dir, pm: pm, pages: f, offs: make([]uint64, len(pm.Runs))}
+	l := &level{dir: dir, pm: pm, pages: r, file: name, stored: size, offs: make([]uint64, len(pm.Runs))}
 	var off uint64
 	for i, r := range pm.Runs {
 		l.offs[i] = off

@@ -376,6 +376,13 @@ func TestWriteChain(t *testing.T) {
 	if again[0].Digest != blobs[0].Digest || again[1].Digest != blobs[1].Digest || alone[0].Digest != blobs[0].Digest {
 		t.Fatalf("exported again %v, the parent alone %v, first %v: want the same digests", again, alone, blobs)
 	}
+	// Pages stored compressed are exported as CRIU wrote them: the same blobs.
+	if c, err := pagechain.Compress(parent); err != nil || c.Files != 1 {
+		t.Fatalf("compress the parent's pages: %+v, %v", c, err)
+	}
+	if compressed, err := writeMemory(ctx, cs, child); err != nil || compressed[0].Digest != blobs[0].Digest || compressed[1].Digest != blobs[1].Digest {
+		t.Fatalf("exported with the parent's pages compressed: %v, %v; want the digests of %v", compressed, err, blobs)
+	}
 	cache := t.TempDir()
 	dir, err := ckimage.Extract(ctx, cs, blobs, cache)
 	if err != nil {

@@ -262,6 +262,10 @@ func exported(pagesFiles map[string]string) func(name string) bool {
 			_, ok := pagesFiles[name]
 			return ok
 		}
+		if plain, ok := pagechain.PlainPagesName(name); ok {
+			_, ok := pagesFiles[plain]
+			return ok
+		}
 		return true
 	}
 }
@@ -299,6 +303,9 @@ func tarDir(w io.Writer, dir string, include func(name string) bool) error {
 		h.Name = filepath.ToSlash(rel)
 		h.ModTime, h.AccessTime, h.ChangeTime = time.Unix(0, 0), time.Time{}, time.Time{}
 		h.Uid, h.Gid, h.Uname, h.Gname = 0, 0, "", ""
+		if plain, ok := pagechain.PlainPagesName(rel); ok {
+			return tarCompressed(tw, h, dir, rel, plain)
+		}
 		if err := tw.WriteHeader(h); err != nil {
 			return err
 		}
@@ -317,6 +324,27 @@ func tarDir(w io.Writer, dir string, include func(name string) bool) error {
 		return err
 	}
 	return tw.Close()
+}
+
+// tarCompressed writes pages file name of dir, which pkg/pagechain compressed, as the plain file
+// plain that CRIU wrote (header h, the compressed file's): the blob does not depend on how the
+// pages are stored. Its place in the tar is the plain name's too: no image name sorts between
+// pages-<id>.img and pages-<id>.img.zst. Both present (a compression killed before it removed
+// the plain file): the plain one is written, in its place.
+func tarCompressed(tw *tar.Writer, h *tar.Header, dir, name, plain string) error {
+	if _, err := os.Lstat(filepath.Join(dir, plain)); err == nil {
+		return nil
+	}
+	data, err := pagechain.ReadCompressed(dir, name)
+	if err != nil {
+		return err
+	}
+	h.Name, h.Size = plain, int64(len(data))
+	if err := tw.WriteHeader(h); err != nil {
+		return err
+	}
+	_, err = tw.Write(data)
+	return err
 }
 
 type countingWriter struct {

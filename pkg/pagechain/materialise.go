@@ -1,0 +1,164 @@
+package pagechain
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/cklite/cklite/pkg/criuimage"
+)
+
+// Restore is an image directory's chain held read-locked while CRIU restores from it, and the
+// directory CRIU is to read.
+//
+// CRIU reads plain pages files only. When no directory of the chain holds a compressed one, CRIU
+// reads the image directory itself. Otherwise the chain is materialised, down to its last
+// directory that holds a compressed pages file: a directory per level, in a new directory below
+// the restore's work directory, whose files are symbolic links to the stored ones but for the
+// compressed pages files, which are decompressed there, and whose parent link names the next
+// level's copy (the last copy's names the stored directory above it). Only the compressed pages
+// (small: CompressMax) are written; the rest, a chain's large first dump included, is read
+// where it is stored. Each restore materialises its own copy and Close removes it: a fork of
+// the same checkpoint pays the decompression again, which costs less than keeping a cache
+// bounded and clean (docs/checkpoints.md).
+type Restore struct {
+	*Locked
+	// Dir is the directory CRIU reads: the image directory, or its materialised copy.
+	Dir string
+	tmp string
+}
+
+// OpenRestore read-locks the chain of image directory dir and materialises it below work (the
+// system's temporary directory when "") if it has to be.
+func OpenRestore(dir, work string) (*Restore, error) {
+	l, err := ReadLock(dir)
+	if err != nil {
+		return nil, err
+	}
+	r := &Restore{Locked: l, Dir: dir}
+	if err := r.materialise(work); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("materialise image directory %s: %w", dir, err)
+	}
+	return r, nil
+}
+
+// Close removes the materialised copy and unlocks the chain.
+func (r *Restore) Close() {
+	if r.tmp != "" {
+		os.RemoveAll(r.tmp)
+	}
+	r.Locked.Unlock()
+}
+
+func (r *Restore) materialise(work string) error {
+	last := -1
+	for i, d := range r.Dirs {
+		c, err := hasCompressed(d)
+		if err != nil {
+			return err
+		}
+		if c {
+			last = i
+		}
+	}
+	if last < 0 {
+		return nil
+	}
+	var err error
+	if r.tmp, err = os.MkdirTemp(work, ".cklite-images-"); err != nil {
+		return err
+	}
+	for i := 0; i <= last; i++ {
+		parent := filepath.Join(r.tmp, strconv.Itoa(i+1))
+		if i == last {
+			parent = ""
+			if i+1 < len(r.Dirs) {
+				parent = r.Dirs[i+1]
+			}
+		}
+		if err := materialiseDir(r.Dirs[i], filepath.Join(r.tmp, strconv.Itoa(i)), parent); err != nil {
+			return err
+		}
+	}
+	r.Dir = filepath.Join(r.tmp, "0")
+	return nil
+}
+
+// hasCompressed reports whether image directory dir holds a compressed pages file.
+func hasCompressed(dir string) (bool, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false, err
+	}
+	for _, e := range entries {
+		if _, ok := compressedPages(e.Name()); ok {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// compressedPages is the plain name of compressed pages file name.
+func compressedPages(name string) (string, bool) {
+	plain, ok := strings.CutSuffix(name, criuimage.CompressedSuffix)
+	if !ok || strings.HasPrefix(name, ".") {
+		return "", false
+	}
+	_, ok = pagesID(plain)
+	return plain, ok
+}
+
+// materialiseDir makes dst a copy of image directory src for CRIU to read, with parent (absolute,
+// "" for none) as its parent link. CRIU's own output (its logs and stats, which a restore writes
+// into the image directory) is not linked, so that it lands in the copy; nor are hidden files.
+func materialiseDir(src, dst, parent string) error {
+	src, err := filepath.Abs(src)
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		n := e.Name()
+		if n == criuimage.ParentLink || strings.HasPrefix(n, ".") || strings.HasPrefix(n, "stats-") || strings.HasSuffix(n, ".log") {
+			continue
+		}
+		if plain, ok := compressedPages(n); ok {
+			if err := decompressInto(src, n, dst, plain); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := os.Symlink(filepath.Join(src, n), filepath.Join(dst, n)); err != nil {
+			return err
+		}
+	}
+	if parent == "" {
+		return nil
+	}
+	return os.Symlink(parent, filepath.Join(dst, criuimage.ParentLink))
+}
+
+// decompressInto writes compressed pages file name of src, decompressed, as dst/plain, unless
+// src holds the plain file too (a killed compression left both): then it is linked.
+func decompressInto(src, name, dst, plain string) error {
+	if _, err := os.Lstat(filepath.Join(src, plain)); err == nil {
+		return nil // linked as the plain file it is
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	data, err := ReadCompressed(src, name)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dst, plain), data, 0o600)
+}
