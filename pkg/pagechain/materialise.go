@@ -72,12 +72,17 @@ func (r *Restore) materialise(work string) error {
 	if r.tmp, err = os.MkdirTemp(work, ".cklite-images-"); err != nil {
 		return err
 	}
+	if r.tmp, err = filepath.Abs(r.tmp); err != nil {
+		return err
+	}
 	for i := 0; i <= last; i++ {
 		parent := filepath.Join(r.tmp, strconv.Itoa(i+1))
 		if i == last {
 			parent = ""
 			if i+1 < len(r.Dirs) {
-				parent = r.Dirs[i+1]
+				if parent, err = filepath.Abs(r.Dirs[i+1]); err != nil {
+					return err
+				}
 			}
 		}
 		if err := materialiseDir(r.Dirs[i], filepath.Join(r.tmp, strconv.Itoa(i)), parent); err != nil {
@@ -138,14 +143,25 @@ func materialiseDir(src, dst, parent string) error {
 			}
 			continue
 		}
-		if err := os.Symlink(filepath.Join(src, n), filepath.Join(dst, n)); err != nil {
+		if err := relLink(filepath.Join(src, n), dst, n); err != nil {
 			return err
 		}
 	}
 	if parent == "" {
 		return nil
 	}
-	return os.Symlink(parent, filepath.Join(dst, criuimage.ParentLink))
+	return relLink(parent, dst, criuimage.ParentLink)
+}
+
+// relLink makes dir/name a symbolic link to target, relative: CRIU reads the pages of a process
+// from within its restored mount namespace, through the image directory's descriptor, where an
+// absolute link would resolve in the container's root.
+func relLink(target, dir, name string) error {
+	rel, err := filepath.Rel(dir, target)
+	if err != nil {
+		return err
+	}
+	return os.Symlink(rel, filepath.Join(dir, name))
 }
 
 // decompressInto writes compressed pages file name of src, decompressed, as dst/plain, unless
