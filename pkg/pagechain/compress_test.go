@@ -31,10 +31,23 @@ func restored(t *testing.T, dir string) mem {
 	if (r.Dir != dir) != anyCompressed {
 		t.Fatalf("restore reads %s, compressed pages in the chain: %v", r.Dir, anyCompressed)
 	}
+	links := 0
+	_ = filepath.WalkDir(filepath.Dir(r.Dir), func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.Type()&os.ModeSymlink != 0 {
+			links++
+			if target, _ := os.Readlink(path); filepath.IsAbs(target) {
+				t.Errorf("%s links to %s: CRIU resolves an absolute link in the container's root", path, target)
+			}
+		}
+		return nil
+	})
+	if anyCompressed && links == 0 {
+		t.Fatalf("no links in the materialised copy %s", r.Dir)
+	}
 	m := memory(t, r.Dir)
 	r.Close()
-	if entries, _ := os.ReadDir(work); len(entries) != 0 {
-		t.Fatalf("materialised copy left in the work directory: %v", entries)
+	if _, err := os.Stat(r.tmp); anyCompressed && !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("materialised copy %s left after Close: %v", r.tmp, err)
 	}
 	return m
 }

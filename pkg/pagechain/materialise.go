@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cklite/cklite/pkg/criuimage"
 )
 
@@ -21,7 +23,7 @@ import (
 // compressed pages files, which are decompressed there, and whose parent link names the next
 // level's copy (the last copy's names the stored directory above it). Only the compressed pages
 // (small: CompressMax) are written; the rest, a chain's large first dump included, is read
-// where it is stored. Each restore materialises its own copy and Close removes it: a fork of
+// where it is stored. The copy is made in a tmpfs where there is one (shm). Each restore materialises its own copy and Close removes it: a fork of
 // the same checkpoint pays the decompression again, which costs less than keeping a cache
 // bounded and clean (docs/checkpoints.md).
 type Restore struct {
@@ -31,8 +33,8 @@ type Restore struct {
 	tmp string
 }
 
-// OpenRestore read-locks the chain of image directory dir and materialises it below work (the
-// system's temporary directory when "") if it has to be.
+// OpenRestore read-locks the chain of image directory dir and materialises it, if it has to be,
+// in shm when that is a tmpfs, else below work (the system's temporary directory when "").
 func OpenRestore(dir, work string) (*Restore, error) {
 	l, err := ReadLock(dir)
 	if err != nil {
@@ -54,6 +56,20 @@ func (r *Restore) Close() {
 	r.Locked.Unlock()
 }
 
+// shm is where chains are materialised when it is a tmpfs: a symbolic link costs 150-200 µs on
+// the disk's filesystem here, and a materialised chain of 9 levels had 360 of them (65 ms a
+// restore); on a tmpfs, and with parent levels linking only what CRIU reads there, a few ms.
+var shm = "/dev/shm"
+
+// scratch is the directory to materialise in: shm when it is a tmpfs, else work.
+func scratch(work string) string {
+	var st unix.Statfs_t
+	if shm != "" && unix.Statfs(shm, &st) == nil && st.Type == unix.TMPFS_MAGIC {
+		return shm
+	}
+	return work
+}
+
 func (r *Restore) materialise(work string) error {
 	last := -1
 	for i, d := range r.Dirs {
@@ -69,7 +85,7 @@ func (r *Restore) materialise(work string) error {
 		return nil
 	}
 	var err error
-	if r.tmp, err = os.MkdirTemp(work, ".cklite-images-"); err != nil {
+	if r.tmp, err = os.MkdirTemp(scratch(work), ".cklite-images-"); err != nil {
 		return err
 	}
 	if r.tmp, err = filepath.Abs(r.tmp); err != nil {
@@ -85,7 +101,7 @@ func (r *Restore) materialise(work string) error {
 				}
 			}
 		}
-		if err := materialiseDir(r.Dirs[i], filepath.Join(r.tmp, strconv.Itoa(i)), parent); err != nil {
+		if err := materialiseDir(r.Dirs[i], filepath.Join(r.tmp, strconv.Itoa(i)), parent, i == 0); err != nil {
 			return err
 		}
 	}
@@ -120,7 +136,9 @@ func compressedPages(name string) (string, bool) {
 // materialiseDir makes dst a copy of image directory src for CRIU to read, with parent (absolute,
 // "" for none) as its parent link. CRIU's own output (its logs and stats, which a restore writes
 // into the image directory) is not linked, so that it lands in the copy; nor are hidden files.
-func materialiseDir(src, dst, parent string) error {
+// Below the top (the directory restored), CRIU reads only pagemaps and pages files (and the
+// inventory): nothing else is linked there.
+func materialiseDir(src, dst, parent string, top bool) error {
 	src, err := filepath.Abs(src)
 	if err != nil {
 		return err
@@ -135,6 +153,9 @@ func materialiseDir(src, dst, parent string) error {
 	for _, e := range entries {
 		n := e.Name()
 		if n == criuimage.ParentLink || strings.HasPrefix(n, ".") || strings.HasPrefix(n, "stats-") || strings.HasSuffix(n, ".log") {
+			continue
+		}
+		if !top && !strings.HasPrefix(n, "pagemap-") && !strings.HasPrefix(n, "pages-") && n != "inventory.img" {
 			continue
 		}
 		if plain, ok := compressedPages(n); ok {
