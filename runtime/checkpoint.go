@@ -115,7 +115,7 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 	p.Init = true
 	// Pages in parent image directories (pkg/pagechain): nothing of the chain is rewritten while
 	// CRIU reads it, through a materialised copy where pages are stored compressed.
-	chain, err := pagechain.OpenRestore(o.ImagePath, opts.WorkDirectory)
+	chain, err := pagechain.OpenRestore(o.ImagePath)
 	if err != nil {
 		return err
 	}

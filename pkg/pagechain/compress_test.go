@@ -10,16 +10,16 @@ import (
 	"github.com/cklite/cklite/pkg/criuimage"
 )
 
-// restored is process pid's memory as a restore reads dir: through OpenRestore's directory.
-// It also checks that the materialised copy is gone after Close, and that a chain without a
-// compressed pages file is read in place.
+// restored is process pid's memory as a restore reads dir: through OpenRestore's directory, with
+// the materialisation cache in a directory of the test's. It also checks that a chain without a
+// compressed pages file is read in place, and that the copy's links are relative.
 func restored(t *testing.T, dir string) mem {
 	t.Helper()
-	work := t.TempDir()
-	r, err := OpenRestore(dir, work)
+	r, err := OpenRestore(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer r.Close()
 	anyCompressed := false
 	for _, d := range r.Dirs {
 		c, err := hasCompressed(d)
@@ -31,25 +31,41 @@ func restored(t *testing.T, dir string) mem {
 	if (r.Dir != dir) != anyCompressed {
 		t.Fatalf("restore reads %s, compressed pages in the chain: %v", r.Dir, anyCompressed)
 	}
-	links := 0
-	_ = filepath.WalkDir(filepath.Dir(r.Dir), func(path string, d os.DirEntry, err error) error {
-		if err == nil && d.Type()&os.ModeSymlink != 0 {
-			links++
-			if target, _ := os.Readlink(path); filepath.IsAbs(target) {
-				t.Errorf("%s links to %s: CRIU resolves an absolute link in the container's root", path, target)
-			}
+	if anyCompressed && filepath.Dir(r.Dir) != filepath.Join(cacheRoots[0], cacheName) {
+		t.Fatalf("restore reads %s, not a copy in the cache", r.Dir)
+	}
+	entries, _ := os.ReadDir(r.Dir)
+	for _, e := range entries {
+		if e.Type()&os.ModeSymlink == 0 {
+			continue
 		}
-		return nil
-	})
-	if anyCompressed && links == 0 {
-		t.Fatalf("no links in the materialised copy %s", r.Dir)
+		if target, _ := os.Readlink(filepath.Join(r.Dir, e.Name())); filepath.IsAbs(target) {
+			t.Errorf("%s links to %s: CRIU resolves an absolute link in the container's root", e.Name(), target)
+		}
 	}
-	m := memory(t, r.Dir)
-	r.Close()
-	if _, err := os.Stat(r.tmp); anyCompressed && !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("materialised copy %s left after Close: %v", r.tmp, err)
+	return memory(t, r.Dir)
+}
+
+// testCache puts the materialisation cache in a directory of the test's.
+func testCache(t *testing.T) string {
+	old := cacheRoots
+	cacheRoots = []string{t.TempDir()}
+	t.Cleanup(func() { cacheRoots = old })
+	return filepath.Join(cacheRoots[0], cacheName)
+}
+
+// copies are the copies in the cache.
+func copies(t *testing.T, cache string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(cache)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return m
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
 }
 
 func compressAll(t *testing.T, dirs ...string) {
@@ -80,6 +96,7 @@ func TestCompressRestore(t *testing.T) {
 		{name: "all", compressed: []string{"g", "p", "c"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			testCache(t)
 			root, g, p, c, want := chain(t)
 			for _, n := range tc.compressed {
 				compressAll(t, filepath.Join(root, n))
@@ -143,6 +160,7 @@ func TestKilledCompress(t *testing.T) {
 	m := seq(mem{}, 0, 6, "abcdef")
 	for _, stage := range []string{"tmp", "both"} {
 		t.Run(stage, func(t *testing.T) {
+			testCache(t)
 			root := t.TempDir()
 			done := writeDump(t, root, "done", m, 1)
 			compressAll(t, done)
@@ -174,4 +192,62 @@ func TestKilledCompress(t *testing.T) {
 			leftovers(t, dir)
 		})
 	}
+}
+
+// TestRestoreCache: restores of checkpoints that share levels share their copies; a copy a
+// restore holds survives eviction, the others go; a stored directory that changes gets a new copy.
+func TestRestoreCache(t *testing.T) {
+	cache := testCache(t)
+	_, g, p, c, want := chain(t)
+	compressAll(t, g, p)
+	r1, err := OpenRestore(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(copies(t, cache)); n != 3 {
+		t.Fatalf("%d copies after restoring c, want 3 (c, p, g): %v", n, copies(t, cache))
+	}
+	r2, err := OpenRestore(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(copies(t, cache)); n != 3 {
+		t.Fatalf("restoring p made a copy: %v", copies(t, cache))
+	}
+	if filepath.Dir(r1.Dir) != cache || filepath.Base(r2.Dir) != filepath.Base(mustReadlink(t, filepath.Join(r1.Dir, "parent"))) {
+		t.Fatalf("c's copy %s does not read p's copy %s", r1.Dir, r2.Dir)
+	}
+	old := cacheMax
+	cacheMax = 0
+	defer func() { cacheMax = old }()
+	r2.Close()
+	evict(cache)
+	if n := len(copies(t, cache)); n != 3 {
+		t.Fatalf("eviction removed a copy a restore holds: %v", copies(t, cache))
+	}
+	if got := memory(t, r1.Dir); !mapsEqual(got, want["c"]) {
+		t.Fatalf("c through its copy after eviction: %v", got)
+	}
+	r1.Close()
+	evict(cache)
+	if n := len(copies(t, cache)); n != 0 {
+		t.Fatalf("eviction left unused copies: %v", copies(t, cache))
+	}
+	// p rewritten (its pages copied into c by a Detach, its own compressed again): new copies.
+	if _, err := Detach(c); err != nil {
+		t.Fatal(err)
+	}
+	compressAll(t, c)
+	if got := restored(t, c); !mapsEqual(got, want["c"]) {
+		t.Fatalf("c after Detach: %v", got)
+	}
+}
+
+func mustReadlink(t *testing.T, path string) string {
+	t.Helper()
+	s, err := os.Readlink(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

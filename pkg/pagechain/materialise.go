@@ -1,12 +1,14 @@
 package pagechain
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -18,59 +20,46 @@ import (
 //
 // CRIU reads plain pages files only. When no directory of the chain holds a compressed one, CRIU
 // reads the image directory itself. Otherwise the chain is materialised, down to its last
-// directory that holds a compressed pages file: a directory per level, in a new directory below
-// the restore's work directory, whose files are symbolic links to the stored ones but for the
-// compressed pages files, which are decompressed there, and whose parent link names the next
-// level's copy (the last copy's names the stored directory above it). Only the compressed pages
-// (small: CompressMax) are written; the rest, a chain's large first dump included, is read
-// where it is stored. The copy is made in a tmpfs where there is one (shm). Each restore materialises its own copy and Close removes it: a fork of
-// the same checkpoint pays the decompression again, which costs less than keeping a cache
-// bounded and clean (docs/checkpoints.md).
+// directory that holds a compressed pages file: each of these levels has a copy in the
+// materialisation cache (cache.go), whose files are relative symbolic links to the stored ones
+// but for the compressed pages files, which are decompressed there, and whose parent link names
+// the next level's copy (the last copy's names the stored directory above it). Only compressed
+// pages (small: CompressMax) are written; the rest, a chain's large first dump included, is read
+// where it is stored. A copy is named by what it reads (cacheKey), so that restores and forks of
+// checkpoints that share levels share their copies, in any process: a tree search's rollbacks
+// decompress each level once. The restore holds each copy it reads locked (shared), so that
+// eviction, which keeps the cache under cacheMax, leaves it alone.
 type Restore struct {
 	*Locked
 	// Dir is the directory CRIU reads: the image directory, or its materialised copy.
-	Dir string
-	tmp string
+	Dir    string
+	copies []*os.File
 }
 
-// OpenRestore read-locks the chain of image directory dir and materialises it, if it has to be,
-// in shm when that is a tmpfs, else below work (the system's temporary directory when "").
-func OpenRestore(dir, work string) (*Restore, error) {
+// OpenRestore read-locks the chain of image directory dir and materialises it if it has to be.
+func OpenRestore(dir string) (*Restore, error) {
 	l, err := ReadLock(dir)
 	if err != nil {
 		return nil, err
 	}
 	r := &Restore{Locked: l, Dir: dir}
-	if err := r.materialise(work); err != nil {
+	if err := r.materialise(); err != nil {
 		r.Close()
 		return nil, fmt.Errorf("materialise image directory %s: %w", dir, err)
 	}
 	return r, nil
 }
 
-// Close removes the materialised copy and unlocks the chain.
+// Close releases the copies and unlocks the chain.
 func (r *Restore) Close() {
-	if r.tmp != "" {
-		os.RemoveAll(r.tmp)
+	for _, f := range r.copies {
+		f.Close()
 	}
+	r.copies = nil
 	r.Locked.Unlock()
 }
 
-// shm is where chains are materialised when it is a tmpfs: a symbolic link costs 150-200 µs on
-// the disk's filesystem here, and a materialised chain of 9 levels had 360 of them (65 ms a
-// restore); on a tmpfs, and with parent levels linking only what CRIU reads there, a few ms.
-var shm = "/dev/shm"
-
-// scratch is the directory to materialise in: shm when it is a tmpfs, else work.
-func scratch(work string) string {
-	var st unix.Statfs_t
-	if shm != "" && unix.Statfs(shm, &st) == nil && st.Type == unix.TMPFS_MAGIC {
-		return shm
-	}
-	return work
-}
-
-func (r *Restore) materialise(work string) error {
+func (r *Restore) materialise() error {
 	last := -1
 	for i, d := range r.Dirs {
 		c, err := hasCompressed(d)
@@ -84,28 +73,39 @@ func (r *Restore) materialise(work string) error {
 	if last < 0 {
 		return nil
 	}
-	var err error
-	if r.tmp, err = os.MkdirTemp(scratch(work), ".cklite-images-"); err != nil {
+	root, err := cacheDir()
+	if err != nil {
 		return err
 	}
-	if r.tmp, err = filepath.Abs(r.tmp); err != nil {
-		return err
-	}
-	for i := 0; i <= last; i++ {
-		parent := filepath.Join(r.tmp, strconv.Itoa(i+1))
-		if i == last {
-			parent = ""
-			if i+1 < len(r.Dirs) {
-				if parent, err = filepath.Abs(r.Dirs[i+1]); err != nil {
-					return err
-				}
-			}
-		}
-		if err := materialiseDir(r.Dirs[i], filepath.Join(r.tmp, strconv.Itoa(i)), parent, i == 0); err != nil {
+	// The root-most copy first: each copy's parent link names the copy above it.
+	parent := ""
+	if last+1 < len(r.Dirs) {
+		if parent, err = filepath.Abs(r.Dirs[last+1]); err != nil {
 			return err
 		}
 	}
-	r.Dir = filepath.Join(r.tmp, "0")
+	built := false
+	for i := last; i >= 0; i-- {
+		src, err := filepath.Abs(r.Dirs[i])
+		if err != nil {
+			return err
+		}
+		name, err := cacheKey(src, parent)
+		if err != nil {
+			return err
+		}
+		f, made, err := useCopy(root, name, src, parent)
+		if err != nil {
+			return err
+		}
+		r.copies = append(r.copies, f)
+		built = built || made
+		parent = filepath.Join(root, name)
+	}
+	r.Dir = parent
+	if built {
+		evict(root)
+	}
 	return nil
 }
 
@@ -133,29 +133,48 @@ func compressedPages(name string) (string, bool) {
 	return plain, ok
 }
 
-// materialiseDir makes dst a copy of image directory src for CRIU to read, with parent (absolute,
-// "" for none) as its parent link. CRIU's own output (its logs and stats, which a restore writes
-// into the image directory) is not linked, so that it lands in the copy; nor are hidden files.
-// Below the top (the directory restored), CRIU reads only pagemaps and pages files (and the
-// inventory): nothing else is linked there.
-func materialiseDir(src, dst, parent string, top bool) error {
-	src, err := filepath.Abs(src)
+// copied says whether entry n of an image directory has a place in its copy: not the parent
+// link (the copy has its own), hidden files, nor CRIU's output (logs and stats, which a restore
+// without a work directory writes into the image directory).
+func copied(n string) bool {
+	return n != criuimage.ParentLink && !strings.HasPrefix(n, ".") && !strings.HasPrefix(n, "stats-") && !strings.HasSuffix(n, ".log")
+}
+
+// cacheKey names the copy of image directory src (absolute) whose parent link names parent: a
+// hash of both and of each copied entry's name, inode and size. Every change of a stored image
+// directory replaces a file by a new one (a rewrite, a compression, a new parent link), so a copy
+// made before the change is never taken for one after it.
+func cacheKey(src, parent string) (string, error) {
+	entries, err := os.ReadDir(src)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if err := os.Mkdir(dst, 0o700); err != nil {
-		return err
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", src, parent)
+	for _, e := range entries {
+		if !copied(e.Name()) {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return "", err
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d\x00", e.Name(), st.Dev, st.Ino, fi.Size())
 	}
+	return hex.EncodeToString(h.Sum(nil))[:32], nil
+}
+
+// materialiseDir fills dst with the copy of image directory src, with parent (absolute, "" for
+// none) as its parent link.
+func materialiseDir(src, dst, parent string) error {
 	entries, err := os.ReadDir(src)
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
 		n := e.Name()
-		if n == criuimage.ParentLink || strings.HasPrefix(n, ".") || strings.HasPrefix(n, "stats-") || strings.HasSuffix(n, ".log") {
-			continue
-		}
-		if !top && !strings.HasPrefix(n, "pagemap-") && !strings.HasPrefix(n, "pages-") && n != "inventory.img" {
+		if !copied(n) {
 			continue
 		}
 		if plain, ok := compressedPages(n); ok {
@@ -198,4 +217,32 @@ func decompressInto(src, name, dst, plain string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dst, plain), data, 0o600)
+}
+
+// lockCopy opens copy dir and locks it (how, flock), or returns os.ErrNotExist when it is not
+// there, or was removed by an eviction before the lock was taken.
+func lockCopy(dir string, how int) (*os.File, error) {
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := flock(f, how); err != nil {
+		f.Close()
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Nlink == 0 {
+		f.Close()
+		return nil, os.ErrNotExist
+	}
+	return f, nil
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := unix.Flock(int(f.Fd()), how)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
 }
