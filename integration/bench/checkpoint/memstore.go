@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cklite/cklite/pkg/checkpoint"
-	"github.com/cklite/cklite/pkg/client"
 	"github.com/cklite/cklite/pkg/pagechain"
 )
 
@@ -104,19 +103,27 @@ func (s *ckliteBox) storedAgainst(i int) (string, error) {
 }
 
 // memoryDisk sums, over the container's image directories, the size of the images as CRIU wrote
-// them (cklite.json's memoryBytes) and as they are stored now (client.MemoryStored, what
-// `cklite checkpoint ls` shows).
+// them (cklite.json's memoryBytes) and the disk they take now: allocated blocks, as du counts
+// them (hard links to a parent's files once; pages stored compressed at their compressed size,
+// rounded to blocks), less cklite's own files (cklite.json, pagechain.json).
 func (s *ckliteBox) memoryDisk() (logical, stored int64, err error) {
+	var dirs, own []string
 	for _, dir := range s.dirs {
 		m, err := checkpoint.Read(dir)
 		if err != nil {
 			return 0, 0, err
 		}
-		size, err := client.MemoryStored(dir)
-		if err != nil {
-			return 0, 0, err
-		}
-		logical, stored = logical+m.MemoryBytes, stored+size
+		logical += m.MemoryBytes
+		dirs = append(dirs, dir)
+		own = append(own, filepath.Join(dir, checkpoint.MetaFile), filepath.Join(dir, pagechain.ReportFile))
 	}
-	return logical, stored, nil
+	all, err := diskUsage(dirs...)
+	if err != nil {
+		return 0, 0, err
+	}
+	ours, err := diskUsage(own...)
+	if err != nil {
+		return 0, 0, err
+	}
+	return logical, all - ours, nil
 }
