@@ -303,36 +303,14 @@ func (e *ckEnv) memContainer(t *testing.T, id string, mib int) (client.Container
 // checkpoint, linked to its parent but not rewritten, restores to its memory, its parent too, and
 // `checkpoint rm --image` of the parent detaches it, sweeping what the kill left.
 func TestPagesDedupKilled(t *testing.T) {
-	e := newFaultEnv(t, ckTimeout)
-	c, task, p, start := e.memContainer(t, "pages-killed", 16)
-	ck1 := e.pagesCheckpoint(t, c.ID(), p, 1, start.token, 16)
-	waitReport(t, ck1.dir)
-	exited, err := task.Wait(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.arm(t, fault.PagechainSwap)
-	ck2 := e.pagesCheckpoint(t, c.ID(), p, 2, start.token, 16)
-	select {
-	case <-exited:
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the shim did not die at " + fault.PagechainSwap + " within 2 minutes")
-	}
-	e.arm(t, "")
-	e.deleteDeadTask(t, c)
+	e, c, p, ck1, ck2 := killedStoring(t, "pages-killed", fault.PagechainSwap)
 	if _, err := os.Lstat(filepath.Join(ck2.dir, criuimage.ParentLink)); err != nil {
 		t.Fatalf("the killed deduplication did not reach its swap: %v", err)
 	}
 	if _, err := pagechain.ReadReport(ck2.dir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a report of the killed deduplication: %v", err)
 	}
-	eventually(t, "containerd to drop the killed task", func() error {
-		_, err := e.restore(c, nil, client.WithRestoreImagePath(ck2.dir))
-		if err != nil && !errdefs.IsAlreadyExists(err) {
-			t.Fatalf("restoring %s from %s after the kill: %v%s", c.ID(), ck2.dir, err, criuErrors(err))
-		}
-		return err
-	})
+	restoreAfterKill(t, e, c, ck2.dir)
 	p.expect(t, "restored from the killed deduplication's checkpoint", ck2.state)
 	e.rollback(t, c, ck1.dir)
 	p.expect(t, "restored from its parent", ck1.state)
@@ -434,4 +412,75 @@ func parents(t *testing.T, dir string) int {
 		t.Fatal(err)
 	}
 	return len(chain)
+}
+
+// TestPagesCompressKilled kills the shim (pkg/fault's pagechain-compress) in the middle of a
+// checkpoint's compression, with a compressed pages file in place and the plain one not removed
+// yet: the checkpoint restores to its memory (a restore reads the plain file), its parent too,
+// and `checkpoint rm --image` of the parent detaches it, sweeping the form left over.
+func TestPagesCompressKilled(t *testing.T) {
+	e, c, p, ck1, ck2 := killedStoring(t, "pages-zkilled", fault.PagechainCompress)
+	both := func() []string {
+		zst, err := filepath.Glob(filepath.Join(ck2.dir, "pages-*.img"+criuimage.CompressedSuffix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, z := range zst {
+			if _, err := os.Stat(strings.TrimSuffix(z, criuimage.CompressedSuffix)); err == nil {
+				out = append(out, z)
+			}
+		}
+		return out
+	}
+	if b := both(); len(b) != 1 {
+		t.Fatalf("after the kill: pages files in both forms %v, want one", b)
+	}
+	restoreAfterKill(t, e, c, ck2.dir)
+	p.expect(t, "restored from the killed compression's checkpoint", ck2.state)
+	e.rollback(t, c, ck1.dir)
+	p.expect(t, "restored from its parent", ck1.state)
+	cklite(t, e.d, "checkpoint", "rm", "--image", ck1.id)
+	if b := both(); len(b) != 0 {
+		t.Fatalf("after removing its parent: pages files in both forms %v", b)
+	}
+	e.rollback(t, c, ck2.dir)
+	p.expect(t, "restored from the detached checkpoint", ck2.state)
+}
+
+// killedStoring checkpoints a python process holding 16 MiB twice, the shim armed to die at point
+// (pkg/fault) while it stores the second checkpoint's memory, and returns once containerd has the
+// dead task deleted.
+func killedStoring(t *testing.T, name, point string) (*faultEnv, client.Container, memProc, pagesCheckpoint, pagesCheckpoint) {
+	t.Helper()
+	e := newFaultEnv(t, ckTimeout)
+	c, task, p, start := e.memContainer(t, name, 16)
+	ck1 := e.pagesCheckpoint(t, c.ID(), p, 1, start.token, 16)
+	waitReport(t, ck1.dir)
+	exited, err := task.Wait(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.arm(t, point)
+	ck2 := e.pagesCheckpoint(t, c.ID(), p, 2, start.token, 16)
+	select {
+	case <-exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the shim did not die at " + point + " within 2 minutes")
+	}
+	e.arm(t, "")
+	e.deleteDeadTask(t, c)
+	return e, c, p, ck1, ck2
+}
+
+// restoreAfterKill restores c from dir once containerd has dropped the killed task.
+func restoreAfterKill(t *testing.T, e *faultEnv, c client.Container, dir string) {
+	t.Helper()
+	eventually(t, "containerd to drop the killed task", func() error {
+		_, err := e.restore(c, nil, client.WithRestoreImagePath(dir))
+		if err != nil && !errdefs.IsAlreadyExists(err) {
+			t.Fatalf("restoring %s from %s after the kill: %v%s", c.ID(), dir, err, criuErrors(err))
+		}
+		return err
+	})
 }
