@@ -221,8 +221,11 @@ var criu struct {
 // at start, so that building options or running a checkpoint never touches the host. A missing
 // CRIU is the returned error, and every later Checkpoint and Restore fails with it; the shim
 // runs on without, for containers that are never checkpointed. It also starts asking CRIU
-// whether it has LeaveFrozen (leaveFrozenProbe).
-func PrepareCRIU() error {
+// whether it has LeaveFrozen (leaveFrozenProbe) and calls probed once that CRIU run has been
+// waited for, or at once when there is none: a shim holds its reaper of orphans until then, as
+// for every CRIU run, lest it reap the check's exit from under exec's wait.
+func PrepareCRIU(probed func()) error {
+	started := false
 	criu.once.Do(func() {
 		criu.prepared = true
 		if criu.err = lookCRIU(); criu.err != nil {
@@ -231,8 +234,15 @@ func PrepareCRIU() error {
 		if err := keepKerndatCache(); err != nil {
 			log.L.WithError(err).Warn("CRIU will probe the kernel on every run")
 		}
-		criu.leavesFrozen = leaveFrozenProbe(criuHasFeature)
+		criu.leavesFrozen = leaveFrozenProbe(func(feature string) bool {
+			defer probed()
+			return criuHasFeature(feature)
+		})
+		started = true
 	})
+	if !started {
+		probed()
+	}
 	return criu.err
 }
 
