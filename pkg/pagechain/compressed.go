@@ -71,9 +71,10 @@ func (z *zstdPages) ReadAt(p []byte, off int64) (int, error) {
 
 func (z *zstdPages) Close() error { return z.f.Close() }
 
-// decoder decompresses pages files; DecodeAll is safe for concurrent use.
+// decoder decompresses pages files; DecodeAll is safe for concurrent use. One decoder, low
+// memory: the shim decompresses a file at a time.
 var decoder = sync.OnceValues(func() (*zstd.Decoder, error) {
-	return zstd.NewReader(nil, zstd.WithDecoderConcurrency(0))
+	return zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
 })
 
 // decompressFile reads the compressed pages file f whole and returns its content, checked
