@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,7 +19,8 @@ import (
 // levels has some 360 of them. A copy is made in a temporary directory and renamed into place,
 // so that a copy is whole or absent, and two processes making the same copy keep one. A restore
 // holds the copies it reads locked shared; eviction takes a copy's lock exclusively, without
-// waiting, before it removes it.
+// waiting, before it removes it. A process looks for copies to evict at most every evictEvery,
+// after a restore that made a copy.
 
 // cacheRoots are where the cache may live, first choice first: a tmpfs, else the disk.
 var cacheRoots = []string{"/dev/shm", os.TempDir()}
@@ -99,6 +101,29 @@ func makeCopy(root, dir, src, parent string) error {
 		return err
 	}
 	return nil
+}
+
+// evictEvery is how often a process looks for copies to evict: a look reads every copy's
+// directory (some 100 in a tree search, 4000 entries), which would cost a rollback that made a
+// copy several ms each time.
+const evictEvery = 30 * time.Second
+
+var lastEvict struct {
+	sync.Mutex
+	at time.Time
+}
+
+// maybeEvict evicts, unless this process did less than evictEvery ago.
+func maybeEvict(root string) {
+	lastEvict.Lock()
+	due := time.Since(lastEvict.at) >= evictEvery
+	if due {
+		lastEvict.at = time.Now()
+	}
+	lastEvict.Unlock()
+	if due {
+		evict(root)
+	}
 }
 
 // evict removes the copies unused for cacheIdle, and the least recently used ones while the

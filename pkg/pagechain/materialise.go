@@ -104,7 +104,7 @@ func (r *Restore) materialise() error {
 	}
 	r.Dir = parent
 	if built {
-		evict(root)
+		maybeEvict(root)
 	}
 	return nil
 }
