@@ -22,8 +22,6 @@ type Container struct {
 	lc    *libcontainer.Container
 	root  string
 	guard *initGuard // the live init an exec may join
-	// updated is set once Update has changed the cgroups' limits: Vacate then refuses to keep them.
-	updated bool
 }
 
 // Create creates the container's state under root (nothing runs yet). A cgroup that still holds
@@ -134,7 +132,6 @@ func (c *Container) Update(r specs.LinuxResources) error {
 		return fmt.Errorf("container has no cgroup resources: %w", errdefs.ErrFailedPrecondition)
 	}
 	ApplyResources(cfg.Cgroups.Resources, r)
-	c.updated = true // even a failed Set may have written some of them
 	return wrap("update resources", c.lc.Set(cfg))
 }
 

@@ -30,7 +30,6 @@ type engine interface {
 	PrepareDump(work string, options ...string) error
 	Checkpoint(o runtime.CheckpointOpts) error
 	Destroy() error
-	Vacate() error
 	Stdio() ([]string, error)
 }
 

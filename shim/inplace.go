@@ -45,8 +45,6 @@ type inPlace struct {
 	exit bool
 	// t, if set, times the cycle's steps for the caller's log line.
 	t *steps
-	// keptCgroups is set when the stopped task's cgroups stay for the restore (vacate).
-	keptCgroups bool
 }
 
 // mark ends the step name of the caller's steps, if it times them.
@@ -94,7 +92,7 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	c.captured = nil
 
 	var res inPlaceResult
-	res.switched = ip.vacate(ctx, eng)
+	res.switched = eng.Destroy()
 	ip.mark("destroy")
 	if res.switched == nil {
 		res.switched = c.unmountRootfs(ctx)
@@ -129,25 +127,6 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 		"stop": stopped, "switch": switched, "restore": time.Since(start) - stopped - switched,
 	}).Infof("%s: task restored in place", ip.what)
 	return res, nil
-}
-
-// vacate ends the stopped task's engine. Its cgroups stay for the restore when the engine allows
-// (runtime.Container.Vacate: no limit updated, the cgroups empty), which saves the removal of
-// every hierarchy and its re-creation with every limit; otherwise it is destroyed, as it always
-// was. The libcontainer container itself cannot stay: its configuration changes for the restore
-// (no hooks, the held network namespace, CRIU's options) and libcontainer sets a configuration
-// only on a running container (Set), through the cgroups.
-func (ip *inPlace) vacate(ctx context.Context, eng engine) error {
-	if ip.exit {
-		return eng.Destroy() // no restore follows: nothing to keep them for
-	}
-	err := eng.Vacate()
-	if err == nil {
-		ip.keptCgroups = true
-		return nil
-	}
-	log.G(ctx).WithError(err).Info("cgroups not kept for the restore: destroying the container")
-	return eng.Destroy()
 }
 
 // stoppedExit waits for the exit of the init the cycle has just stopped. Should CRIU leave the
@@ -251,11 +230,7 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 	if err := c.init.started(lp, pid, statusRunning); err != nil {
 		return err
 	}
-	if ip.keptCgroups {
-		ip.s.watchInitExit(ctx, c)
-	} else {
-		ip.s.watchInit(ctx, c)
-	}
+	ip.s.watchInit(ctx, c)
 	if paused {
 		if err := eng.PauseStopped(); err != nil {
 			return err

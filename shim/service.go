@@ -140,16 +140,10 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 // watchInit starts collecting the init's exit and watching for OOM kills, right after the init
 // exists (a process can be OOM-killed before Start).
 func (s *service) watchInit(ctx context.Context, c *container) {
-	s.watchOOM(ctx, c)
-	s.watchInitExit(ctx, c)
-}
-
-// watchInitExit collects the init's exit and loads its cgroup for stats; the OOM watch of
-// cgroups an in-place restore kept goes on (runtime.Container.Vacate).
-func (s *service) watchInitExit(ctx context.Context, c *container) {
 	if _, err := c.loadCgroup(); err != nil {
 		log.G(ctx).WithError(err).Warn("load container cgroup for stats (Stats tries again)")
 	}
+	s.watchOOM(ctx, c)
 	go s.collect(c, c.init)
 }
 
