@@ -45,8 +45,6 @@ type inPlace struct {
 	exit bool
 	// t, if set, times the cycle's steps for the caller's log line.
 	t *steps
-	// warm keeps cgroup attaches fast until the restore (set once the processes are stopped).
-	warm *runtime.AttachWarmer
 }
 
 // mark ends the step name of the caller's steps, if it times them.
@@ -96,13 +94,6 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	var res inPlaceResult
 	res.switched = eng.Destroy()
 	ip.mark("destroy")
-	if !ip.exit {
-		// The restore's first cgroup attach waits for a grace period: paid while the rootfs
-		// switches (runtime.AttachWarmer). Not before Destroy: the attach that waits holds the
-		// cgroup mutex, which the removal of the cgroups needs.
-		ip.warm = runtime.WarmAttach()
-		defer ip.warm.Stop()
-	}
 	if res.switched == nil {
 		res.switched = c.unmountRootfs(ctx)
 		ip.mark("unmount")
@@ -213,9 +204,6 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 		limits = runtime.RestoreLimits{}
 	}
 	ip.mark("stdio")
-	if ip.warm != nil {
-		ip.warm.Stop()
-	}
 	err = eng.Restore(rctx, lp, ip.restore, limits)
 	end()
 	ip.mark("restore")
