@@ -30,6 +30,10 @@ type CheckpointOpts struct {
 	FileLocks           bool
 	EmptyNamespaces     []string
 	CgroupsMode         string
+	// KeepFrozen: a leave-running dump that succeeds returns with the task's cgroup frozen, for
+	// the caller to capture what the dump does not hold (the rootfs) and thaw it. A dump that
+	// fails returns with the task as it found it.
+	KeepFrozen bool
 }
 
 // criu builds libcontainer's CriuOpts the way runc's checkpoint/restore commands do. It is pure:
@@ -71,19 +75,15 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	if err != nil {
 		return err
 	}
-	// CRIU freezes a thawed cgroup v1 by writing FROZEN and polling the state every 100 ms; its
-	// first poll mostly reads FREEZING still, so a dump waited 100 ms for nothing. libcontainer's
-	// freeze polls in microseconds, and CRIU takes a frozen cgroup as it is and leaves it frozen.
-	// libcontainer gives up on a cgroup v1 freezer within about a second ("unable to freeze"):
-	// on a loaded host every task must first be scheduled to freeze. Then CRIU freezes the
-	// cgroup itself, with its own, longer, timeout.
-	thaw := !c.Paused() && c.Pause() == nil
+	paused := c.Paused()
+	shimFreezes, criuFreezes := freezeFor(paused, o, CRIULeavesFrozen())
+	froze := criuFreezes || shimFreezes && c.Pause() == nil
 	err = wrap("checkpoint", c.lc.Checkpoint(opts))
 	learnCRIUVersion(c.lc)
 	if err == nil {
 		fault.Point(fault.ShimAfterDump)
 	}
-	if !thaw && err != nil && !c.Paused() {
+	if paused && err != nil && !c.Paused() {
 		// CRIU thaws a cgroup it found frozen once it holds the tasks by ptrace, and freezes it
 		// again when done; killed in between, it leaves the client's paused task running while
 		// the client believes it paused, and its Resume then fails (issue 16 item 7).
@@ -91,13 +91,46 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 			log.L.WithError(perr).Warn("freeze the paused task again after a failed dump")
 		}
 	}
-	if thaw {
-		// After an exit the processes are gone or going: thawing lets a killed one finish.
+	if thawAfter(froze, o, err) {
 		if rerr := c.Resume(); rerr != nil && err == nil && !o.Exit {
 			err = rerr
 		}
 	}
 	return err
+}
+
+// freezeFor decides who freezes the task's cgroup for the dump o, if the client has not
+// (paused): the shim first, or CRIU at its seize (leavesFrozen: CRIU has LeaveFrozen). The
+// task is frozen from the first step that freezes it to the thaw, so the later the freeze the
+// shorter the task's downtime. A CRIU with LeaveFrozen (contrib/criu/0008) freezes the cgroup when it
+// seizes the tasks, after its own start and libcontainer's preparation (mountinfo, masks,
+// descriptors.json, the wrapper's and CRIU's execs, the kerndat cache: 15-20 ms here, more
+// under load), and leaves it frozen after a successful leave-running dump: Checkpoint then only
+// thaws it (unless KeepFrozen). Without it, the shim freezes first, as CRIU leaves frozen only a
+// cgroup it found frozen, and a stock CRIU's freeze of a cgroup v1 waited ~100 ms for its first
+// poll (fixed by contrib/criu/0007). A dump with Exit is frozen first either way: CRIU ignores
+// LeaveFrozen then, and the processes die frozen.
+//
+// Both freezes give up after about 10 s: the shim's Pause retries libcontainer's (~1000
+// attempts, about a second on a loaded host, then "unable to freeze") until freezeTimeout,
+// CRIU's --freeze-cgroup polls (with the same thaw-and-refreeze kludges) until its --timeout,
+// 10 s by default, which bounds the whole seize. A shim whose Pause fails leaves the freeze to
+// CRIU, which then thaws the cgroup after the dump: the caller's check (the capture's) sees it.
+func freezeFor(paused bool, o CheckpointOpts, leavesFrozen bool) (shim, criu bool) {
+	if paused {
+		return false, false
+	}
+	criu = !o.Exit && leavesFrozen
+	return !criu, criu
+}
+
+// thawAfter tells whether Checkpoint thaws the cgroup after the dump that froze it (froze: the
+// shim's freeze or CRIU's, not the client's): unless the caller keeps it frozen after a
+// leave-running dump that succeeded. After an exit the processes are gone or going: thawing
+// lets a killed one finish. A CRIU killed between its freeze and its seize leaves the cgroup
+// frozen: a failed dump thaws whatever CRIU left.
+func thawAfter(froze bool, o CheckpointOpts, dumpErr error) bool {
+	return froze && (dumpErr != nil || o.Exit || !o.KeepFrozen)
 }
 
 // Restore restores the container from o.ImagePath as p (the new init, whose stdio replaces the
@@ -180,13 +213,19 @@ var criu struct {
 	once     sync.Once
 	prepared bool
 	err      error
+	// leavesFrozen is the answer of CRIU's feature check for LeaveFrozen (leaveFrozenProbe).
+	leavesFrozen func() bool
 }
 
 // PrepareCRIU looks CRIU up and gives it its kerndat cache, once per process: the shim calls it
 // at start, so that building options or running a checkpoint never touches the host. A missing
 // CRIU is the returned error, and every later Checkpoint and Restore fails with it; the shim
-// runs on without, for containers that are never checkpointed.
-func PrepareCRIU() error {
+// runs on without, for containers that are never checkpointed. It also starts asking CRIU
+// whether it has LeaveFrozen (leaveFrozenProbe) and calls probed once that CRIU run has been
+// waited for, or at once when there is none: a shim holds its reaper of orphans until then, as
+// for every CRIU run, lest it reap the check's exit from under exec's wait.
+func PrepareCRIU(probed func()) error {
+	started := false
 	criu.once.Do(func() {
 		criu.prepared = true
 		if criu.err = lookCRIU(); criu.err != nil {
@@ -195,8 +234,43 @@ func PrepareCRIU() error {
 		if err := keepKerndatCache(); err != nil {
 			log.L.WithError(err).Warn("CRIU will probe the kernel on every run")
 		}
+		criu.leavesFrozen = leaveFrozenProbe(func(feature string) bool {
+			defer probed()
+			return criuHasFeature(feature)
+		})
+		started = true
 	})
+	if !started {
+		probed()
+	}
 	return criu.err
+}
+
+// CRIULeavesFrozen reports whether the CRIU that PrepareCRIU found has LeaveFrozen; without
+// PrepareCRIU, or without CRIU, it has not.
+func CRIULeavesFrozen() bool {
+	return criu.leavesFrozen != nil && criu.leavesFrozen()
+}
+
+// leaveFrozenProbe asks has, in the background, whether CRIU has the leave_frozen feature, and
+// returns the answer's getter, which waits for it. Once per shim: an option CRIU does not know
+// fails the dump that reads it from its configuration file, so it is given only to a CRIU that
+// said it has it, and asking on every checkpoint would put a CRIU run (an exec and its kerndat:
+// ~5 ms, more under load) into each. The CRIU a shim runs does not change under it, as for its
+// version (criuversion.go): a criu installed meanwhile is asked by the next shim. In the
+// background because a shim's start (every container's create waits for it) need not wait for
+// an answer only a dump needs, long after; its version string cannot tell, the host's own criu
+// 4.2.1, linked by contrib/install.sh, is as new as the patched one.
+func leaveFrozenProbe(has func(feature string) bool) func() bool {
+	answer := make(chan bool, 1)
+	go func() { answer <- has(leaveFrozenFeature) }()
+	return sync.OnceValue(func() bool { return <-answer })
+}
+
+// criuHasFeature runs `criu check --feature`: 0 if CRIU has feature, an error for one it does
+// not know or cannot use here.
+func criuHasFeature(feature string) bool {
+	return exec.Command("criu", "check", "--feature", feature).Run() == nil
 }
 
 // criuReady is PrepareCRIU's verdict; a process that never called it has no CRIU to run.

@@ -35,6 +35,13 @@ const (
 	// (when CRIU is built with it) ~20 ms; a namespace without TCP sockets needs no lock.
 	NetworkLockSkip     = "network-lock skip"
 	NetworkLockNftables = "network-lock nftables"
+	// LeaveFrozen makes a successful leave-running dump leave the cgroup CRIU froze at its seize
+	// frozen (contrib/criu/0008; a dump that fails thaws it): the rootfs is captured before the
+	// task runs again, and the task was not frozen during CRIU's start. Only for a CRIU that has
+	// it (CRIULeavesFrozen): PrepareDump adds it.
+	LeaveFrozen = "leave-frozen"
+	// leaveFrozenFeature is how `criu check --feature` names LeaveFrozen.
+	leaveFrozenFeature = "leave_frozen"
 )
 
 var nftablesLock struct {
@@ -119,9 +126,9 @@ func withoutLabel(labels []string, key string) []string {
 // or dump was given go: with leave-stopped, a dump would leave the processes stopped instead of
 // ending them. On a cgroup v1 host whose hierarchies form a yard, the dump opens them there
 // instead of mounting each (cgroupYardOption): restores are configured apart and keep their
-// own. It first waits for init to exec the user's program (waitUserExec): a caller that
-// freezes the cgroup before the dump (a leave-running checkpoint) would otherwise freeze an init
-// that still runs the shim's binary, which CRIU cannot dump.
+// own. A CRIU that has LeaveFrozen gets it (Checkpoint, criuFreezesAtSeize). It first waits
+// for init to exec the user's program (waitUserExec): a leave-running dump would otherwise freeze
+// an init that still runs the shim's binary, which CRIU cannot dump.
 func (c *Container) PrepareDump(dir string, options ...string) error {
 	c.waitUserExec(execWaitLimit)
 	cfg := c.lc.Config()
@@ -131,6 +138,9 @@ func (c *Container) PrepareDump(dir string, options ...string) error {
 	}
 	if yard := cgroupYardOption(c.InitPid()); yard != "" {
 		options = append(slices.Clip(options), yard)
+	}
+	if CRIULeavesFrozen() {
+		options = append(slices.Clip(options), LeaveFrozen)
 	}
 	if len(options) > 0 {
 		before := cfg.Labels

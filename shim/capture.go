@@ -121,16 +121,20 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 
 // whileFrozen freezes the task's cgroup unless the client paused it, dumps it and, once the
 // capture's snapshot is prepared (prepared waits for it), writes the capture, then thaws it
-// again.
+// again. A leave-running dump freezes the cgroup itself and leaves it frozen (KeepFrozen: CRIU
+// freezes it at its seize when it can, runtime.Container.Checkpoint first otherwise), so the
+// task runs on through CRIU's start; "frozen" then counts from the dump's start, an upper bound.
 func (ck *checkpointRun) whileFrozen(cp *capture.Capture, dump func() error, limit bool, t *steps, prepared func() (context.Context, error)) (err error) {
 	eng := ck.c.engine()
 	clientPaused := eng.Paused()
 	if !clientPaused {
 		start := time.Now()
-		if err := eng.Pause(); err != nil {
-			return err
+		if dump == nil || ck.opts.Exit {
+			if err := eng.Pause(); err != nil {
+				return err
+			}
+			t.mark("freeze")
 		}
-		t.mark("freeze")
 		defer func() {
 			// After a dump with Exit, the thaw only lets the killed processes die.
 			if rerr := eng.Resume(); rerr != nil && err == nil && !ck.opts.Exit {

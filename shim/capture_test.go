@@ -15,8 +15,9 @@ import (
 	"github.com/cklite/cklite/snapshotter/capture"
 )
 
-// freezerEngine is a fakeEngine with a cgroup freezer: Pause and Resume set it, and a dump may
-// thaw it (as a CRIU killed mid-dump would).
+// freezerEngine is a fakeEngine with a cgroup freezer: Pause and Resume set it, a leave-running
+// dump with KeepFrozen that succeeds leaves it frozen (as runtime.Container.Checkpoint does, CRIU
+// freezing it or not), and a dump may thaw it (as a CRIU killed mid-dump would).
 type freezerEngine struct {
 	*fakeEngine
 	paused, dumpThaws bool
@@ -25,40 +26,50 @@ type freezerEngine struct {
 func (e *freezerEngine) Pause() error  { e.paused = true; return e.call("Pause") }
 func (e *freezerEngine) Resume() error { e.paused = false; return e.call("Resume") }
 func (e *freezerEngine) Paused() bool  { return e.paused }
-func (e *freezerEngine) Checkpoint(runtime.CheckpointOpts) error {
-	if e.dumpThaws {
+func (e *freezerEngine) Checkpoint(o runtime.CheckpointOpts) error {
+	err := e.call("Checkpoint")
+	switch {
+	case e.dumpThaws:
 		e.paused = false
+	case err == nil && o.KeepFrozen && !o.Exit:
+		e.paused = true
 	}
-	return e.call("Checkpoint")
+	return err
 }
 
 // TestWhileFrozen: the task is frozen for the dump and the capture and thawed after, unless its
-// client had paused it; a failed dump, a dump that thawed the cgroup and the switch rule each end
-// the capture with the task as it was before the checkpoint.
+// client had paused it; a leave-running dump freezes it itself (the shim does not pause it
+// first: the dump's own start stays out of the task's downtime), a dump with Exit is frozen first;
+// a failed dump, a dump that thawed the cgroup and the switch rule each end the capture with the
+// task as it was before the checkpoint.
 func TestWhileFrozen(t *testing.T) {
 	dumpErr := errors.New("CRIU failed")
 	for _, tc := range []struct {
 		name                string
 		clientPaused, thaws bool
+		exit                bool
 		dumpErr             error
 		size                int   // bytes written to the upper
 		fails               bool  // the capture ends without writing
 		want                error // what it ends with, when known
 		wantCalls           []string
 	}{
-		{name: "running", wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
+		{name: "running", wantCalls: []string{"Checkpoint", "Resume"}},
+		{name: "exit", exit: true, wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
 		{name: "paused by the client", clientPaused: true, wantCalls: []string{"Checkpoint"}},
-		{name: "dump fails", dumpErr: dumpErr, fails: true, want: dumpErr, wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
-		{name: "dump thaws", thaws: true, fails: true, wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
+		{name: "dump fails", dumpErr: dumpErr, fails: true, want: dumpErr, wantCalls: []string{"Checkpoint", "Resume"}},
+		{name: "dump thaws", thaws: true, fails: true, wantCalls: []string{"Checkpoint", "Resume"}},
 		{name: "paused with a large upper", clientPaused: true, size: switchDiffBytes + 1, fails: true, want: errSwitch, wantCalls: []string{"Checkpoint"}},
-		{name: "running with a large upper", size: switchDiffBytes + 1, wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
+		{name: "running with a large upper", size: switchDiffBytes + 1, wantCalls: []string{"Checkpoint", "Resume"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cp := testCapture(t, tc.size)
 			eng := &freezerEngine{fakeEngine: newFakeEngine(t, "c"), paused: tc.clientPaused, dumpThaws: tc.thaws}
 			eng.fail["Checkpoint"] = tc.dumpErr
-			ck := &checkpointRun{c: &container{eng: eng}, opts: &options.CheckpointOptions{}}
-			dump := func() error { return ck.c.engine().Checkpoint(runtime.CheckpointOpts{}) }
+			ck := &checkpointRun{c: &container{eng: eng}, opts: &options.CheckpointOptions{Exit: tc.exit}}
+			dump := func() error {
+				return ck.c.engine().Checkpoint(runtime.CheckpointOpts{Exit: tc.exit, KeepFrozen: true})
+			}
 			err := ck.whileFrozen(cp, dump, true, newSteps(), func() (context.Context, error) { return context.Background(), nil })
 			if (err != nil) != tc.fails || tc.want != nil && !errors.Is(err, tc.want) {
 				t.Fatalf("whileFrozen: %v, want it to fail: %t (%v)", err, tc.fails, tc.want)

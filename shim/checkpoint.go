@@ -202,9 +202,11 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) (err error) {
 	return ck.withRootfs(ctx, sn, rs.key, meta)
 }
 
-// dump is CRIU's dump of the frozen task, which leaves it frozen, or with Exit kills it.
+// dump is CRIU's dump of the task, which leaves it frozen (KeepFrozen), or with Exit kills it.
 func (ck *checkpointRun) dump() error {
-	if err := ck.c.engine().Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
+	o := ck.criuOpts(ck.opts.Exit)
+	o.KeepFrozen = true
+	if err := ck.c.engine().Checkpoint(o); err != nil {
 		return keepDumpLog(ck.c.bundle, ck.work, err)
 	}
 	ck.dumped = true

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -120,6 +122,7 @@ func (e *fakeEngine) Destroy() error                            { return e.call(
 type fakeDaemon struct {
 	labels   map[string]string
 	lineages map[string]checkpoint.Lineage // what setLineage recorded, by container id
+	recorded []leases.Lease                // the checkpoints' leases containerd holds
 }
 
 func (d *fakeDaemon) dial() (*grpc.ClientConn, error) {
@@ -144,7 +147,7 @@ func (d *fakeDaemon) snapshotter(string) (snapshots.Snapshotter, error) {
 func (d *fakeDaemon) containers() (freeze.Containers, error) {
 	return nil, errors.New("no containerd in unit tests")
 }
-func (d *fakeDaemon) leases() (leases.Manager, error) { return fakeLeases{}, nil }
+func (d *fakeDaemon) leases() (leases.Manager, error) { return fakeLeases{recorded: d.recorded}, nil }
 func (d *fakeDaemon) instance(context.Context, string) (paths.Instance, error) {
 	return paths.Instance{}, errors.New("no containerd in unit tests")
 }
@@ -155,7 +158,22 @@ type fakeSnapshotter struct{ snapshots.Snapshotter }
 
 func (fakeSnapshotter) Mounts(context.Context, string) ([]mount.Mount, error) { return nil, nil }
 
-type fakeLeases struct{ leases.Manager }
+type fakeLeases struct {
+	leases.Manager
+	recorded []leases.Lease
+}
+
+// List returns the recorded leases a filter names by id (`id==...`), the only lookup the shim
+// makes by filter.
+func (f fakeLeases) List(_ context.Context, fs ...string) ([]leases.Lease, error) {
+	var out []leases.Lease
+	for _, l := range f.recorded {
+		if slices.ContainsFunc(fs, func(s string) bool { return strings.Contains(s, "id=="+strconv.Quote(l.ID)) }) {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
 
 func (fakeLeases) Create(_ context.Context, opts ...leases.Opt) (leases.Lease, error) {
 	var l leases.Lease

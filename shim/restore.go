@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -63,20 +64,41 @@ func (s *service) prepareRestore(ctx context.Context, ns string, c *container, r
 }
 
 // restoredLineage records what container c, restored from the checkpoint of meta, descends
-// from: that checkpoint and its lineage when the client named its directory (containerd's clients
-// are trusted: security.md), nothing when it came with c's image. An image is input from outside (a registry, an archive): its
-// cklite.json names any checkpoint ids it likes, and a lineage taken from it would let c roll back
-// in place to other containers' checkpoints on this host without --force-foreign (issue 13).
-// The image's own checkpoint id is no proof either: a local checkpoint of that id is another
-// container's unless this host exported it, which nothing records. Clearing the label also drops
-// one the client may have copied from the image's config labels. c's own checkpoints start its
-// lineage afresh.
+// from: that checkpoint and its lineage when this containerd holds that checkpoint with its images
+// in the very directory c restores from, nothing otherwise. A directory's cklite.json is input
+// like any image (security.md): one from a registry, an archive the kubelet unpacked or a copy
+// names any checkpoint ids it likes, and a lineage taken from it would let c roll back in place
+// to other containers' checkpoints on this host without --force-foreign (issue 13). The
+// checkpoint's own record (its lease, with the directory its images were written to) is what
+// this host made; a restore from anywhere else starts c's lineage afresh, and clearing the label
+// also drops one the client may have copied from an image's config labels.
 func (s *service) restoredLineage(ctx context.Context, c *container, meta checkpoint.Meta) {
-	if c.fromImage {
+	if c.fromImage || !s.recordedAt(ctx, meta.ID, c.checkpoint) {
 		s.recordLineage(ctx, c.id, nil)
 		return
 	}
 	s.descend(ctx, c.id, meta)
+}
+
+// recordedAt reports whether containerd records checkpoint id with its images in dir. An error
+// (containerd unreachable, no such checkpoint) is a no: the lineage is then not trusted.
+func (s *service) recordedAt(ctx context.Context, id, dir string) bool {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return false
+	}
+	lm, err := s.daemon.leases()
+	if err != nil {
+		return false
+	}
+	r, err := checkpoint.Recorded(ctx, lm, ns, id)
+	if err != nil {
+		if !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("checkpoint", id).Warn("checkpoint record not read: its lineage is not taken")
+		}
+		return false
+	}
+	return r.ImagePath != "" && filepath.Clean(r.ImagePath) == filepath.Clean(dir)
 }
 
 // admitImages checks a CRIU image directory before anything is restored from it: complete, and

@@ -66,8 +66,9 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 	}
 	s.admit = s.admitChain
 	// Once, here, rather than on the first checkpoint: CRIU's lookup and its kerndat cache (a
-	// tmpfs mount) are the shim's start-up, never a side effect of a call.
-	if err := runtime.PrepareCRIU(); err != nil {
+	// tmpfs mount) are the shim's start-up, never a side effect of a call. CRIU's feature check
+	// runs in the background, the reaper held until it has been waited for.
+	if err := runtime.PrepareCRIU(s.reaper.hold()); err != nil {
 		log.G(ctx).WithError(err).Warn("checkpoint and restore will fail")
 	}
 	s.reaper.run(ctx)

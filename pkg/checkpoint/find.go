@@ -44,6 +44,20 @@ func findFilters(ref string) []string {
 	return fs
 }
 
+// Recorded is the checkpoint id as this containerd records it in the namespace of ctx (its
+// lease), read with one filtered List; errdefs.ErrNotFound when there is none. A cklite.json is
+// only a claim: what a restore takes from it must match this record.
+func Recorded(ctx context.Context, lm leases.Manager, namespace, id string) (Record, error) {
+	rs, err := list(ctx, lm, namespace, fmt.Sprintf("labels.%q,id==%q", LabelID, LeaseID(id)))
+	if err != nil {
+		return Record{}, err
+	}
+	if len(rs) == 0 {
+		return Record{}, fmt.Errorf("checkpoint %s: %w", id, errdefs.ErrNotFound)
+	}
+	return rs[0], nil
+}
+
 // Named are the checkpoints of container named name (at most one, unless leases were written by
 // hand), read with one filtered List: what a new name is checked against.
 func Named(ctx context.Context, lm leases.Manager, namespace, container, name string) ([]Record, error) {
