@@ -11,11 +11,11 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// TestRollbackLimits: the cgroup limits a task has after a rollback in place are those its
-// restore applies to its cgroups, the spec's: a task Update between the checkpoint and the
-// rollback (what `nerdctl update --memory` sends) is not carried across, neither the limits it
-// changed nor the ones the spec leaves unset. This pins today's behaviour, which any change to
-// how a rollback treats the container's cgroups (keeping them, say) must keep or change on purpose.
+// TestRollbackLimits: a rollback in place keeps the cgroup limits the task has, not the spec's: a
+// task Update between the checkpoint and the rollback (what `nerdctl update --memory` and the
+// kubelet's in-place resize send) is carried across, the limits it changed and the ones it left
+// as they were. A rollback takes the sandbox's processes and files back, not the platform's
+// decisions about its resources: the kubelet would otherwise believe in limits no longer applied.
 func TestRollbackLimits(t *testing.T) {
 	e := newCkEnv(t)
 	_, task, cnt := e.startCounter(t, "limits")
@@ -43,8 +43,8 @@ func TestRollbackLimits(t *testing.T) {
 	expectRolledBack(t, cnt, at, "a")
 	after := cgroupValues(t, e, "limits", files)
 	for i := range files {
-		if after[i] != initial[i] {
-			t.Errorf("%s is %s after the rollback, was %s at the start (updated to %s)", files[i], after[i], initial[i], updated[i])
+		if after[i] != updated[i] {
+			t.Errorf("%s is %s after the rollback, was updated to %s (%s at the start)", files[i], after[i], updated[i], initial[i])
 		}
 	}
 }
