@@ -35,6 +35,27 @@ func TestCheckpointNetwork(t *testing.T) {
 		t.Fatalf("a leave-running checkpoint changed the network: before %+v, after %+v", before, after)
 	}
 
+	// A rollback in place keeps the namespace and what CNI put in it: the first in-place restore
+	// destroys the engine the container was created with, and a poststop hook run there (nerdctl's
+	// CNI teardown) would take eth0 and its address away from the restored task.
+	m := createdID.FindStringSubmatch(cklite(t, e.d, "checkpoint", "create", name))
+	if m == nil {
+		t.Fatal("cklite checkpoint create printed no checkpoint id")
+	}
+	for i := range 2 {
+		cklite(t, e.d, "rollback", name, m[1])
+		waitForStatus(t, e.d, name, "running")
+		rolled := readNetState(t, e, name)
+		if rolled.netns != before.netns || rolled.ip != before.ip || !rolled.loUp {
+			t.Fatalf("rollback %d in place changed the network: before %+v, after %+v", i+1, before, rolled)
+		}
+	}
+	// nerdctl's poststop hook, its CNI teardown, also frees the container's name: run at a
+	// rollback, it would have let another container take the name (and the address).
+	if r := nerdctlResult(t, e.d, "", "create", "--net", "none", "--name", name, busybox.Name, "true"); r.code == 0 || !strings.Contains(r.stderr, "already used") {
+		t.Fatalf("nerdctl create --name %s after the rollbacks: exit %d, %s; want the name still in use", name, r.code, r.stderr)
+	}
+
 	mustNerdctl(t, e.d, "stop", "-t", "0", name)
 	e.collectGarbage(t) // no collection pending to race nerdctl's start (see TestCheckpointTerminalNerdctl)
 	mustNerdctl(t, e.d, "start", "--checkpoint", "net1", name)

@@ -158,6 +158,22 @@ func (c *Container) Destroy() error {
 	return wrap("destroy container", c.lc.Destroy())
 }
 
+// Vacate removes the stopped container's cgroups and state as Destroy does, without running its
+// poststop hooks: the container lives on in the engine a restore in place makes (a rollback, the
+// in-place cycle of a checkpoint), whose Destroy at the task's delete runs them once. libcontainer's
+// Destroy always runs them, and nerdctl's (its CNI teardown: the address released to IPAM, the
+// port mappings removed, the container's name freed) would leave the restored task with an
+// address another container can be given and ports that no longer forward.
+func (c *Container) Vacate() error {
+	c.guard.drop()
+	if st, err := c.lc.Status(); err == nil && st != libcontainer.Stopped {
+		_ = c.lc.Signal(unix.SIGKILL)
+		c.waitStopped(2 * time.Second)
+	}
+	cfg := c.lc.Config()
+	return errors.Join(removeCgroup(cfg.Cgroups), removeState(filepath.Join(c.root, c.lc.ID())))
+}
+
 // waitStopped polls like `runc delete --force` does until init is gone.
 func (c *Container) waitStopped(limit time.Duration) {
 	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {

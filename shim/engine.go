@@ -30,6 +30,7 @@ type engine interface {
 	PrepareDump(work string, options ...string) error
 	Checkpoint(o runtime.CheckpointOpts) error
 	Destroy() error
+	Vacate() error
 	Stdio() ([]string, error)
 }
 

@@ -50,7 +50,7 @@ func newFakeEngine(t *testing.T, name string) *fakeEngine {
 }
 
 // exclusive calls are those nothing may overlap.
-var exclusive = []string{"Checkpoint", "Restore", "Destroy", "Kill"}
+var exclusive = []string{"Checkpoint", "Restore", "Destroy", "Vacate", "Kill"}
 
 func (e *fakeEngine) call(name string) error {
 	e.mu.Lock()
@@ -116,6 +116,7 @@ func (e *fakeEngine) HasNetNS() bool                            { _ = e.call("Ha
 func (e *fakeEngine) PrepareDump(string, ...string) error       { return e.call("PrepareDump") }
 func (e *fakeEngine) Checkpoint(o runtime.CheckpointOpts) error { return e.call("Checkpoint") }
 func (e *fakeEngine) Destroy() error                            { return e.call("Destroy") }
+func (e *fakeEngine) Vacate() error                             { return e.call("Vacate") }
 
 // fakeDaemon is containerd as a checkpoint sees it: the container's rootfs snapshot and labels,
 // a snapshotter and a lease manager that accept everything.

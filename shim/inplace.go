@@ -92,7 +92,7 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	c.captured = nil
 
 	var res inPlaceResult
-	res.switched = eng.Destroy()
+	res.switched = eng.Vacate() // its poststop hooks run at the task's delete, once
 	ip.mark("destroy")
 	if res.switched == nil {
 		res.switched = c.unmountRootfs(ctx)
@@ -164,8 +164,9 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 	ip.mark("mount")
 	eng, err := c.newEngine(func(cfg *configs.Config) error {
 		// The container's hooks ran when it was created; run again, a CNI hook would add a
-		// second interface to the namespace that still has the first.
-		cfg.Hooks = nil
+		// second interface to the namespace that still has the first. Its poststop hooks are
+		// the task's delete's: this engine is the one deleted then.
+		cfg.Hooks = configs.Hooks{configs.Poststop: cfg.Hooks[configs.Poststop]}
 		if named, _ := runtime.SpecNetNS(cfg); hold.netns != nil && !named {
 			runtime.WithNetNS(cfg, hold.netns)
 		}
@@ -189,12 +190,12 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 		return err
 	}
 	if err := hold.stdio.attach(lp); err != nil {
-		_ = eng.Destroy()
+		_ = eng.Vacate()
 		return err
 	}
 	rctx, limits, end, err := c.beginRestore(ctx, ip.s.config)
 	if err != nil {
-		_ = eng.Destroy()
+		_ = eng.Vacate()
 		return err
 	}
 	if ip.restoreAnyway {
@@ -208,7 +209,7 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 	end()
 	ip.mark("restore")
 	if err != nil {
-		_ = eng.Destroy()
+		_ = eng.Vacate()
 		return keepRestoreLog(c.bundle, ip.restore.WorkPath, err)
 	}
 	pid, err := lp.Pid()
@@ -219,7 +220,7 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 		// Nobody would see its terminal: the task ends stopped, as if the restore had failed.
 		_ = lp.Signal(os.Kill)
 		_, _ = lp.Wait()
-		_ = eng.Destroy()
+		_ = eng.Vacate()
 		return err
 	}
 	ip.s.reaper.own(pid)
