@@ -235,6 +235,9 @@ func PrepareCRIU(probed func()) error {
 		if err := keepKerndatCache(); err != nil {
 			log.L.WithError(err).Warn("CRIU will probe the kernel on every run")
 		}
+		if err := keepPagesCache(); err != nil {
+			log.L.WithError(err).Warn("restores of compressed page images will copy them to the disk")
+		}
 		criu.leavesFrozen = leaveFrozenProbe(func(feature string) bool {
 			defer probed()
 			return criuHasFeature(feature)

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cklite/cklite/pkg/pagechain"
 )
 
 // kerndatDir is where the CRIU that contrib/install.sh builds (CRIU_RUNDIR in
@@ -21,27 +24,38 @@ const kerndatDir = "/run/cklite/criu"
 // process: PrepareCRIU's). Failing costs CRIU's probing, not correctness: the caller logs the
 // error and goes on.
 func keepKerndatCache() error {
-	return mountKerndatDir(kerndatDir)
+	return mountPrivateTmpfs(kerndatDir, "cklite-criu-kdat", "size=1m")
 }
 
-func mountKerndatDir(dir string) error {
+// keepPagesCache makes sure the cache of decompressed page images restores read
+// (pagechain.CacheRoot) is a tmpfs, private to root, mounting one if it is not (once per
+// process). Its size is tmpfs's default: the cache bounds itself, and a full tmpfs would fail a
+// rollback. Failing costs speed: the cache is then a directory on the disk.
+func keepPagesCache() error {
+	return mountPrivateTmpfs(pagechain.CacheRoot, "cklite-pages", "")
+}
+
+// mountPrivateTmpfs mounts a tmpfs of mode 0700 named source at dir (options opts), unless dir is
+// a tmpfs already.
+func mountPrivateTmpfs(dir, source, opts string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("CRIU kerndat cache directory: %w", err)
+		return fmt.Errorf("directory %s: %w", dir, err)
 	}
 	// Shims start concurrently; one mounts, the others find its tmpfs.
 	lock, err := os.OpenFile(filepath.Join(filepath.Dir(dir), ".criu.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return fmt.Errorf("lock the CRIU kerndat cache directory: %w", err)
+		return fmt.Errorf("lock %s: %w", dir, err)
 	}
 	defer lock.Close()
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return fmt.Errorf("lock the CRIU kerndat cache directory: %w", err)
+		return fmt.Errorf("lock %s: %w", dir, err)
 	}
 	if onTmpfs(dir) {
 		return nil
 	}
-	if err := unix.Mount("cklite-criu-kdat", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=1m,mode=0700"); err != nil {
-		return fmt.Errorf("mount a tmpfs for CRIU's kerndat cache at %s: %w", dir, err)
+	data := strings.TrimPrefix(opts+",mode=0700", ",")
+	if err := unix.Mount(source, dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, data); err != nil {
+		return fmt.Errorf("mount a tmpfs at %s: %w", dir, err)
 	}
 	return nil
 }

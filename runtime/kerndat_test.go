@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mountKerndatDir mounts one tmpfs where there is none, and none more when called again (as
-// concurrent shims do).
-func TestMountKerndatDir(t *testing.T) {
+// mountPrivateTmpfs mounts one tmpfs of mode 0700 where there is none, and none more when called
+// again (as concurrent shims do).
+func TestMountPrivateTmpfs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting needs root")
 	}
@@ -21,12 +21,15 @@ func TestMountKerndatDir(t *testing.T) {
 		}
 	})
 	for range 2 {
-		if err := mountKerndatDir(dir); err != nil {
+		if err := mountPrivateTmpfs(dir, "cklite-test", "size=1m"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if !onTmpfs(dir) {
 		t.Fatalf("%s is not on a tmpfs", dir)
+	}
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("%s: %v, mode %v, want 0700", dir, err, st.Mode())
 	}
 	info, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {

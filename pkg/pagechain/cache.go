@@ -14,19 +14,18 @@ import (
 )
 
 // The materialisation cache: the copies of image directories that restores read (materialise.go),
-// one directory each, named by cacheKey, in cacheRoot. It lives in a tmpfs where there is one
-// (/dev/shm): a symbolic link costs 150-200 µs on the disk's filesystem here, and a chain of 9
-// levels has some 360 of them. A copy is made in a temporary directory and renamed into place,
-// so that a copy is whole or absent, and two processes making the same copy keep one. A restore
-// holds the copies it reads locked shared; eviction takes a copy's lock exclusively, without
-// waiting, before it removes it. A process looks for copies to evict at most every evictEvery,
-// after a restore that made a copy.
+// one directory each, named by cacheKey, in CacheRoot. A copy is made in a temporary directory
+// and renamed into place, so that a copy is whole or absent, and two processes making the same
+// copy keep one. A restore holds the copies it reads locked shared; eviction takes a copy's lock
+// exclusively, without waiting, before it removes it. A process looks for copies to evict at most
+// every evictEvery, after a restore that made a copy.
 
-// cacheRoots are where the cache may live, first choice first: a tmpfs, else the disk.
-var cacheRoots = []string{"/dev/shm", os.TempDir()}
-
-// cacheName is the cache's directory in its root.
-const cacheName = "cklite-pages"
+// CacheRoot is the cache's directory. The shim mounts a tmpfs of its own there (runtime's
+// PrepareCRIU): a symbolic link costs 150-200 µs on the disk's filesystem here, and a chain of 9
+// levels has some 360 of them. Not /dev/shm, a tmpfs too: any user may make the cache's
+// directory there first, to fail every restore of a compressed checkpoint, or to have it read
+// pages of theirs.
+var CacheRoot = "/run/cklite/pages"
 
 // cacheMax bounds the bytes of decompressed pages the cache keeps (a tree search of 101
 // checkpoints of a small agent: some 30 MiB); cacheIdle is how long a copy no restore used is
@@ -38,16 +37,8 @@ const cacheIdle = 10 * time.Minute
 // cacheDir is the cache's directory, made if need be. It must be a directory of this user's, of
 // mode 0700: the copies say which pages a restore reads.
 func cacheDir() (string, error) {
-	root := cacheRoots[len(cacheRoots)-1]
-	for _, r := range cacheRoots[:len(cacheRoots)-1] {
-		var st unix.Statfs_t
-		if unix.Statfs(r, &st) == nil && st.Type == unix.TMPFS_MAGIC {
-			root = r
-			break
-		}
-	}
-	dir := filepath.Join(root, cacheName)
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+	dir := CacheRoot
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
 	var st unix.Stat_t

@@ -31,7 +31,7 @@ func restored(t *testing.T, dir string) mem {
 	if (r.Dir != dir) != anyCompressed {
 		t.Fatalf("restore reads %s, compressed pages in the chain: %v", r.Dir, anyCompressed)
 	}
-	if anyCompressed && filepath.Dir(r.Dir) != filepath.Join(cacheRoots[0], cacheName) {
+	if anyCompressed && filepath.Dir(r.Dir) != CacheRoot {
 		t.Fatalf("restore reads %s, not a copy in the cache", r.Dir)
 	}
 	entries, _ := os.ReadDir(r.Dir)
@@ -48,10 +48,10 @@ func restored(t *testing.T, dir string) mem {
 
 // testCache puts the materialisation cache in a directory of the test's.
 func testCache(t *testing.T) string {
-	old := cacheRoots
-	cacheRoots = []string{t.TempDir()}
-	t.Cleanup(func() { cacheRoots = old })
-	return filepath.Join(cacheRoots[0], cacheName)
+	old := CacheRoot
+	CacheRoot = filepath.Join(t.TempDir(), "cache")
+	t.Cleanup(func() { CacheRoot = old })
+	return CacheRoot
 }
 
 // copies are the copies in the cache.
