@@ -126,7 +126,7 @@ func withoutLabel(labels []string, key string) []string {
 // or dump was given go: with leave-stopped, a dump would leave the processes stopped instead of
 // ending them. On a cgroup v1 host whose hierarchies form a yard, the dump opens them there
 // instead of mounting each (cgroupYardOption): restores are configured apart and keep their
-// own. A CRIU that has LeaveFrozen gets it (Checkpoint, criuFreezesAtSeize). It first waits
+// own. A CRIU that has LeaveFrozen gets it (Checkpoint, freezeFor). It first waits
 // for init to exec the user's program (waitUserExec): a leave-running dump would otherwise freeze
 // an init that still runs the shim's binary, which CRIU cannot dump.
 func (c *Container) PrepareDump(dir string, options ...string) error {
