@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,13 +52,21 @@ func TestCheckpointNetwork(t *testing.T) {
 			t.Fatalf("rollback %d in place changed the network: before %+v, after %+v", i+1, before, rolled)
 		}
 	}
-	// nerdctl's poststop hook, its CNI teardown, also frees the container's name: run at a
-	// rollback, it would have let another container take the name (and the address).
+	// nerdctl's poststop hook, its CNI teardown, also frees the container's name and releases its
+	// address: run at a rollback, it would have let another container take both.
 	if r := nerdctlResult(t, e.d, "", "create", "--net", "none", "--name", name, busybox.Name, "true"); r.code == 0 || !strings.Contains(r.stderr, "already used") {
 		t.Fatalf("nerdctl create --name %s after the rollbacks: exit %d, %s; want the name still in use", name, r.code, r.stderr)
 	}
+	reserved := filepath.Join(ipamDir(network), strings.Split(before.ip, "/")[0])
+	if _, err := os.Stat(reserved); err != nil {
+		t.Fatalf("the address %s is no longer reserved by CNI's IPAM after the rollbacks: %v", before.ip, err)
+	}
 
+	// The hook runs once, when the task is deleted: the engine the rollbacks made keeps it.
 	mustNerdctl(t, e.d, "stop", "-t", "0", name)
+	if _, err := os.Stat(reserved); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the address %s is still reserved after the rolled-back task's stop (%v): its poststop hook did not run", before.ip, err)
+	}
 	e.collectGarbage(t) // no collection pending to race nerdctl's start (see TestCheckpointTerminalNerdctl)
 	mustNerdctl(t, e.d, "start", "--checkpoint", "net1", name)
 	waitForStatus(t, e.d, name, "running")

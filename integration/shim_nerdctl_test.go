@@ -61,6 +61,10 @@ func TestShimRunDetached(t *testing.T) {
 // bridgeNetwork creates an internal bridge network for one test, and removes it with the host's
 // bridge device (which CNI leaves behind) when the test ends. nerdctl's default network would
 // not do: its subnet and bridge name are fixed, so it collides with other daemons' on the host.
+// ipamDir is where CNI's host-local IPAM reserves the addresses of nerdctl's network name: a
+// file per address.
+func ipamDir(network string) string { return filepath.Join("/var/lib/cni/networks", network) }
+
 func bridgeNetwork(t *testing.T, d *harness.Daemon) string {
 	t.Helper()
 	name := "shimtest-" + d.Namespace
@@ -72,6 +76,10 @@ func bridgeNetwork(t *testing.T, d *harness.Daemon) string {
 			mustNerdctl(t, d, append([]string{"rm", "-f"}, ids...)...)
 		}
 		mustNerdctl(t, d, "network", "rm", name)
+		// CNI's host-local IPAM keeps a directory per network, which nerdctl leaves behind.
+		if err := os.RemoveAll(ipamDir(name)); err != nil {
+			t.Error(err)
+		}
 		// nerdctl names a network's bridge br-<the first 12 hex digits of sha256(name)>.
 		sum := sha256.Sum256([]byte(name))
 		bridge := "br-" + hex.EncodeToString(sum[:])[:12]
