@@ -19,10 +19,10 @@ import (
 
 // Memory stored as what changed (pkg/pagechain): once a checkpoint is taken and its task runs
 // again, the shim rewrites the checkpoint's dump so that the pages equal to its parent
-// checkpoint's are read from the parent's image directory, then compresses its small pages files. Only image directories in cklite's
-// own checkpoints directory of the namespace (`cklite checkpoint create`'s) take part, as child
-// and as parent: a directory a client named is the client's, and may be moved or removed by
-// means that know nothing of the chain.
+// checkpoint's are read from the parent's image directory, then compresses its small pages
+// files. Only image directories in cklite's own checkpoints directory of the namespace (`cklite
+// checkpoint create`'s) take part, as child and as parent: a directory a client named is the
+// client's, and may be moved or removed by means that know nothing of the chain.
 
 // dedupMu runs one deduplication at a time in a shim: each reads two dumps.
 var dedupMu sync.Mutex
