@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/cgroups"
 	_ "github.com/opencontainers/cgroups/devices" // registers the device-rules manager, as runc does
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
@@ -125,6 +126,15 @@ func (c *Container) Pids() ([]int, error) {
 	return pids, wrap("list container processes", err)
 }
 
+// Resources are the cgroup limits the container has: its spec's, with every Update applied (nil
+// without cgroup resources).
+func (c *Container) Resources() *cgroups.Resources {
+	if cg := c.lc.Config().Cgroups; cg != nil {
+		return cg.Resources
+	}
+	return nil
+}
+
 // Update applies new linux resources to the container's cgroup.
 func (c *Container) Update(r specs.LinuxResources) error {
 	cfg := c.lc.Config()
@@ -145,11 +155,7 @@ func (c *Container) OOM() (<-chan struct{}, error) {
 // Destroy removes the container's cgroup and state; the container must not be running.
 // It kills what is left (processes in a shared PID namespace) first.
 func (c *Container) Destroy() error {
-	c.guard.drop()
-	if st, err := c.lc.Status(); err == nil && st != libcontainer.Stopped {
-		_ = c.lc.Signal(unix.SIGKILL)
-		c.waitStopped(2 * time.Second)
-	}
+	c.endLeftovers()
 	// A restore killed halfway leaves libcontainer's bind mount of the rootfs for CRIU in the
 	// state directory, which Destroy could then not remove.
 	if err := unix.Unmount(filepath.Join(c.root, c.lc.ID(), "criu-root"), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
@@ -165,13 +171,17 @@ func (c *Container) Destroy() error {
 // port mappings removed, the container's name freed) would leave the restored task with an
 // address another container can be given and ports that no longer forward.
 func (c *Container) Vacate() error {
+	c.endLeftovers()
+	return errors.Join(removeCgroup(c.lc.Config().Cgroups), removeState(filepath.Join(c.root, c.lc.ID())))
+}
+
+// endLeftovers lets go of the init and kills what is left of a container about to be removed.
+func (c *Container) endLeftovers() {
 	c.guard.drop()
 	if st, err := c.lc.Status(); err == nil && st != libcontainer.Stopped {
 		_ = c.lc.Signal(unix.SIGKILL)
 		c.waitStopped(2 * time.Second)
 	}
-	cfg := c.lc.Config()
-	return errors.Join(removeCgroup(cfg.Cgroups), removeState(filepath.Join(c.root, c.lc.ID())))
 }
 
 // waitStopped polls like `runc delete --force` does until init is gone.

@@ -49,7 +49,6 @@ type container struct {
 	netns        *os.File             // a new network namespace for that restore, held until it is done
 	execStdio    *treeHold            // stand-ins for the stdio of its exec'd processes, likewise
 	spec         *specs.Spec
-	updates      []specs.LinuxResources // the task Updates it took, in order: its engines keep them
 	cfgOpts      runtime.ConfigOptions
 	stateRoot    string
 	sharedPid    bool        // no private PID namespace: init's exit does not take the others along
@@ -201,9 +200,9 @@ func (c *container) createEngine(adjust func(*configs.Config) error) (engine, er
 	}
 	// An engine made again for the same task (a rollback, the in-place cycle of a checkpoint) has
 	// the limits the task had, not the spec's: the kubelet's resize or `nerdctl update` stays.
-	for _, u := range c.updates {
-		if cfg.Cgroups != nil && cfg.Cgroups.Resources != nil {
-			runtime.ApplyResources(cfg.Cgroups.Resources, u)
+	if old := c.engine(); old != nil && cfg.Cgroups != nil {
+		if res := old.Resources(); res != nil {
+			cfg.Cgroups.Resources = res
 		}
 	}
 	if adjust != nil {

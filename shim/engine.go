@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"github.com/opencontainers/cgroups"
 	"syscall"
 
 	"github.com/opencontainers/runc/libcontainer"
@@ -25,6 +26,7 @@ type engine interface {
 	PauseStopped() error
 	Pids() ([]int, error)
 	Update(r specs.LinuxResources) error
+	Resources() *cgroups.Resources
 	OOM() (<-chan struct{}, error)
 	HasNetNS() bool
 	PrepareDump(work string, options ...string) error

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -110,6 +111,7 @@ func (e *fakeEngine) Resume() error                             { return e.call(
 func (e *fakeEngine) Paused() bool                              { _ = e.call("Paused"); return false }
 func (e *fakeEngine) PauseStopped() error                       { return e.call("PauseStopped") }
 func (e *fakeEngine) Pids() ([]int, error)                      { return nil, e.call("Pids") }
+func (e *fakeEngine) Resources() *cgroups.Resources             { return nil }
 func (e *fakeEngine) Update(specs.LinuxResources) error         { return e.call("Update") }
 func (e *fakeEngine) OOM() (<-chan struct{}, error)             { return nil, e.call("OOM") }
 func (e *fakeEngine) HasNetNS() bool                            { _ = e.call("HasNetNS"); return false }

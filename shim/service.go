@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"reflect"
 	"sync"
 	"syscall"
 	"time"
@@ -536,11 +535,6 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	}
 	if err := c.engine().Update(res); err != nil {
 		return nil, errgrpc.ToGRPC(err)
-	}
-	// Kept for the engines made again for this task (createEngine). A client repeating the same
-	// update (a reconcile loop) adds nothing.
-	if n := len(c.updates); n == 0 || !reflect.DeepEqual(c.updates[n-1], res) {
-		c.updates = append(c.updates, res)
 	}
 	return empty, nil
 }
