@@ -18,7 +18,7 @@ import (
 // and renamed into place, so that a copy is whole or absent, and two processes making the same
 // copy keep one. A restore holds the copies it reads locked shared; eviction takes a copy's lock
 // exclusively, without waiting, before it removes it. A process looks for copies to evict at most
-// every evictEvery, after a restore that made a copy.
+// every evictEvery, in the background after a restore that made a copy.
 
 // CacheRoot is the cache's directory. The shim mounts a tmpfs of its own there (runtime's
 // PrepareCRIU): a symbolic link costs 150-200 µs on the disk's filesystem here, and a chain of 9

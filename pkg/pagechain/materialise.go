@@ -104,7 +104,9 @@ func (r *Restore) materialise() error {
 	}
 	r.Dir = parent
 	if built {
-		maybeEvict(root)
+		// Off the restore's path (the task is down until CRIU has restored it): eviction skips
+		// the copies this restore holds, and reads every copy's directory.
+		go maybeEvict(root)
 	}
 	return nil
 }
