@@ -78,7 +78,7 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	paused := c.Paused()
 	shimFreezes, criuFreezes := freezeFor(paused, o, CRIULeavesFrozen())
 	froze := criuFreezes || shimFreezes && c.Pause() == nil
-	err = wrap("checkpoint", c.lc.Checkpoint(opts))
+	err = wrap("checkpoint", c.dump(opts))
 	learnCRIUVersion(c.lc)
 	if err == nil {
 		fault.Point(fault.ShimAfterDump)

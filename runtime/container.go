@@ -23,6 +23,7 @@ type Container struct {
 	lc    *libcontainer.Container
 	root  string
 	guard *initGuard // the live init an exec may join
+	ready readyCRIU  // CRIU started ahead of the next dump (criuready.go)
 }
 
 // Create creates the container's state under root (nothing runs yet). A cgroup that still holds
@@ -175,8 +176,10 @@ func (c *Container) Vacate() error {
 	return errors.Join(removeCgroup(c.lc.Config().Cgroups), removeState(filepath.Join(c.root, c.lc.ID())))
 }
 
-// endLeftovers lets go of the init and kills what is left of a container about to be removed.
+// endLeftovers lets go of the init and of the CRIU started ahead of a dump, and kills what is
+// left of a container about to be removed.
 func (c *Container) endLeftovers() {
+	c.ready.end()
 	c.guard.drop()
 	if st, err := c.lc.Status(); err == nil && st != libcontainer.Stopped {
 		_ = c.lc.Signal(unix.SIGKILL)

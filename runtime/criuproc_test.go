@@ -15,8 +15,12 @@ import (
 )
 
 // TestMain lets this test binary play the two other processes of TestCRIUDiesWithShim: the
-// wrapper (run as "criu") and a shim that starts "criu" and is then killed.
+// wrapper (run as "criu") and a shim that starts "criu" and is then killed; and CRIU's service
+// for the dump driver's tests (fakeCRIU).
 func TestMain(m *testing.M) {
+	if out := os.Getenv(fakeCRIUEnv); out != "" && filepath.Base(os.Args[0]) == criuwrap.Name {
+		os.Exit(fakeCRIU(out))
+	}
 	if criuwrap.Is() {
 		err := criuwrap.Run()
 		println(err.Error())

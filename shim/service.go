@@ -71,6 +71,8 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 	if err := runtime.PrepareCRIU(s.reaper.hold()); err != nil {
 		log.G(ctx).WithError(err).Warn("checkpoint and restore will fail")
 	}
+	// The CRIU started ahead of a container's next dump is the shim's child between calls.
+	runtime.KeepCRIUChildren(runtime.CRIUChildren{Hold: s.reaper.hold, Own: s.reaper.own, Disown: s.reaper.disown})
 	s.reaper.run(ctx)
 	sd.RegisterCallback(func(context.Context) error { s.daemon.close(); return nil })
 	if address, err := shim.ReadAddress("address"); err == nil {

@@ -1,0 +1,98 @@
+package runtime
+
+import (
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// keptChildren records what the runtime asked of the shim's reaper.
+type keptChildren struct {
+	mu    sync.Mutex
+	owned map[int]int // pid: Own calls minus Disown calls
+}
+
+func (k *keptChildren) keeper() CRIUChildren {
+	return CRIUChildren{
+		Hold:   func() func() { return func() {} },
+		Own:    func(pid int) { k.add(pid, 1) },
+		Disown: func(pid int) { k.add(pid, -1) },
+	}
+}
+
+func (k *keptChildren) get(pid int) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.owned[pid]
+}
+
+func (k *keptChildren) add(pid, n int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.owned[pid] += n
+}
+
+// TestReadyCRIU: a CRIU started ahead is owned against the reaper from its start to its wait, is
+// replaced when it died meanwhile (the restore watchdog kills the shim's CRIU children), and is
+// gone, waited for and disowned once its container is; nothing starts after that.
+func TestReadyCRIU(t *testing.T) {
+	useFakeCRIU(t)
+	kept := &keptChildren{owned: map[int]int{}}
+	before := criuKeeper
+	KeepCRIUChildren(kept.keeper())
+	t.Cleanup(func() { KeepCRIUChildren(before) })
+
+	var r readyCRIU
+	first, err := r.take() // nothing started ahead: started now
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.end()
+	r.prepare()
+	r.prepare() // one at most
+	dead, err := r.take()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept.get(dead.pid) != 1 {
+		t.Fatalf("CRIU %d started ahead is not owned against the reaper", dead.pid)
+	}
+	dead.end()
+	r.prepare()
+	r.mu.Lock()
+	p := r.next
+	r.mu.Unlock()
+	<-p.done
+	if err := unix.Kill(p.s.pid, unix.SIGKILL); err != nil { // as the restore watchdog does
+		t.Fatal(err)
+	}
+	<-p.s.exited
+	again, err := r.take()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again == p.s || !again.alive() {
+		t.Fatalf("a CRIU that died while ready was handed over")
+	}
+	again.end()
+	r.prepare()
+	r.mu.Lock()
+	last := r.next
+	r.mu.Unlock()
+	r.end()
+	r.prepare()
+	if _, err := r.take(); err == nil {
+		t.Fatal("a CRIU was handed over after its container was gone")
+	}
+	if last.s.alive() || unix.Kill(last.s.pid, 0) == nil {
+		t.Fatalf("the CRIU started ahead outlived its container")
+	}
+	kept.mu.Lock()
+	defer kept.mu.Unlock()
+	for pid, n := range kept.owned {
+		if n != 0 {
+			t.Errorf("CRIU %d: %d Own calls not matched by Disown", pid, n)
+		}
+	}
+}
