@@ -79,7 +79,6 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 	shimFreezes, criuFreezes := freezeFor(paused, o, CRIULeavesFrozen())
 	froze := criuFreezes || shimFreezes && c.Pause() == nil
 	err = wrap("checkpoint", c.dump(opts))
-	learnCRIUVersion(c.lc)
 	if err == nil {
 		fault.Point(fault.ShimAfterDump)
 	}
@@ -95,6 +94,8 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 		if rerr := c.Resume(); rerr != nil && err == nil && !o.Exit {
 			err = rerr
 		}
+	} else if !froze {
+		c.ready.startWanted() // the task runs (a client's pause aside): no thaw to wait for
 	}
 	return err
 }

@@ -143,9 +143,10 @@ func (s *swrk) exitError() error {
 // readyCRIU is a container's CRIU started ahead of its next dump: at most one, none before its
 // first dump, none once the container is gone.
 type readyCRIU struct {
-	mu    sync.Mutex
-	next  *pendingSwrk
-	ended bool
+	mu     sync.Mutex
+	next   *pendingSwrk
+	wanted bool // a dump wants the next one, to be started once the task runs (startWanted)
+	ended  bool
 }
 
 // pendingSwrk is a CRIU being started in the background.
@@ -155,10 +156,31 @@ type pendingSwrk struct {
 	err  error
 }
 
+// want asks for the next CRIU, which startWanted starts.
+func (r *readyCRIU) want() {
+	r.mu.Lock()
+	r.wanted = true
+	r.mu.Unlock()
+}
+
+// startWanted starts the CRIU a dump wanted, if any.
+func (r *readyCRIU) startWanted() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wanted {
+		r.wanted = false
+		r.prepareLocked()
+	}
+}
+
 // prepare starts the next CRIU in the background, unless one is there or the container is gone.
 func (r *readyCRIU) prepare() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.prepareLocked()
+}
+
+func (r *readyCRIU) prepareLocked() {
 	if r.ended || r.next != nil {
 		return
 	}

@@ -49,7 +49,12 @@ func TestReadyCRIU(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.end()
-	r.prepare()
+	r.startWanted() // no dump wanted one
+	if r.next != nil {
+		t.Fatal("a CRIU was started ahead that no dump wanted")
+	}
+	r.want() // a dump, then the thaw
+	r.startWanted()
 	r.prepare() // one at most
 	dead, err := r.take()
 	if err != nil {

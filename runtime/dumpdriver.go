@@ -48,11 +48,23 @@ import (
 const minDriverCRIU = 31500
 
 // dump runs the dump o through the driver, or through libcontainer when the driver declines it.
+// After a leave-running dump, whichever ran it, the container's next CRIU is wanted when the
+// driver will take that dump (the first dump of a shim goes to libcontainer, which learns CRIU's
+// version, and the second already finds its CRIU ready); it is started once the task runs again
+// (Checkpoint, Resume), not while it is frozen for the capture: its fork and exec would take CPU
+// from the steps the task waits for.
 func (c *Container) dump(o *libcontainer.CriuOpts) error {
-	if why := c.declineDump(o); why != "" {
-		return c.lc.Checkpoint(o)
+	var err error
+	if c.declineDump(o) != "" {
+		err = c.lc.Checkpoint(o)
+	} else {
+		err = c.driveDump(o)
 	}
-	return c.driveDump(o)
+	learnCRIUVersion(c.lc)
+	if o.LeaveRunning && c.declineDump(o) == "" {
+		c.ready.want()
+	}
+	return err
 }
 
 // declineDump says why the driver leaves the dump o to libcontainer, or "".
@@ -71,8 +83,7 @@ func (c *Container) declineDump(o *libcontainer.CriuOpts) string {
 	return ""
 }
 
-// driveDump dumps through the container's CRIU started ahead, and after a leave-running dump
-// starts the next one.
+// driveDump dumps through the container's CRIU started ahead, or one started now.
 func (c *Container) driveDump(o *libcontainer.CriuOpts) error {
 	dirs, err := openDumpDirs(o)
 	if err != nil {
@@ -87,11 +98,7 @@ func (c *Container) driveDump(o *libcontainer.CriuOpts) error {
 	if err != nil {
 		return err
 	}
-	err = s.dump(req)
-	if o.LeaveRunning {
-		c.ready.prepare()
-	}
-	return err
+	return s.dump(req)
 }
 
 // dumpDirs are the image and work directories of a dump, open for CRIU to find through the
