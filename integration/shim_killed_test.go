@@ -214,16 +214,31 @@ func (e *ckEnv) startAgain(t *testing.T, c client.Container) client.Task {
 
 // TestCRIUKilledMidDump kills CRIU (not the shim) while it dumps a leave-running checkpoint: the
 // checkpoint fails and the task must run on, thawed, with the same processes (issue 16 item 7: a
-// task was found frozen a minute after CRIU died mid-dump), and nothing be recorded.
+// task was found frozen a minute after CRIU died mid-dump), and nothing be recorded. The first
+// dump of a shim goes through libcontainer; a later one through the dump driver, to a CRIU
+// started ahead (runtime/dumpdriver.go).
 func TestCRIUKilledMidDump(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		later bool
+	}{{"first dump, libcontainer's", false}, {"later dump, the driver's", true}} {
+		t.Run(tc.name, func(t *testing.T) { criuKilledMidDump(t, tc.later) })
+	}
+}
+
+func criuKilledMidDump(t *testing.T, later bool) {
 	e := newCkEnv(t)
 	_, task, cnt := e.startCounter(t, "criu-killed")
-	at := cnt.advance(t, 1)
-	before := e.records(t)
 	shims := shimproc.Find(e.d.Address, task.ID())
 	if len(shims) != 1 {
 		t.Fatalf("shims of %s: %v, want one", task.ID(), shims)
 	}
+	if later {
+		e.checkpointTo(t, task, checkpointDir(t, e.d, "criu-killed-before"), nil)
+		oneReadyCRIU(t, shims[0], task.Pid(), nil)
+	}
+	at := cnt.advance(t, 1)
+	before := e.records(t)
 	done := make(chan error, 1)
 	go func() { done <- e.checkpointErr(task, checkpointDir(t, e.d, "criu-killed"), nil) }()
 	criu, _ := waitForCRIU(t, shims[0], "dump.log", task.Pid(), done)
