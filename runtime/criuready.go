@@ -66,9 +66,10 @@ type swrk struct {
 }
 
 // idleNice is the niceness at which a CRIU started ahead execs and loads its libraries: it starts
-// while its checkpoint's last steps run (the commit, the lease: synced transactions whose CPU
-// work it would slow down, ~5-8 ms p50 under load at the shim's niceness) and has until the next
-// checkpoint to be ready. The dump gets the shim's niceness back before its request is sent.
+// while its checkpoint's last steps run (the commit, the lease, after the thaw) and has until the
+// next checkpoint to be ready, background work that should take the CPU from nothing a
+// checkpoint waits for. The dump gets the shim's niceness back before its request is sent (a
+// CRIU still loading then goes on at the shim's).
 const idleNice = 19
 
 // startSwrk starts `criu swrk` (the wrapper, as libcontainer does) on one end of a socket pair;
