@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	criurpc "github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/containerd/log"
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
@@ -55,7 +56,8 @@ const minDriverCRIU = 31500
 // from the steps the task waits for.
 func (c *Container) dump(o *libcontainer.CriuOpts) error {
 	var err error
-	if c.declineDump(o) != "" {
+	if why := c.declineDump(o); why != "" {
+		log.L.WithField("why", why).Debug("dump through libcontainer's Checkpoint")
 		err = c.lc.Checkpoint(o)
 	} else {
 		err = c.driveDump(o)
