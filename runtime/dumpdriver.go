@@ -27,7 +27,7 @@ import (
 // rollback and fork go on through libcontainer's Restore): the same options, external bind
 // mounts with their keys, cgroup mounts, masked paths, external namespaces, freezer cgroup,
 // cgroup mode, CRIU configuration file (org.criu.config) and descriptors.json, which
-// TestDumpRequestMatchesLibcontainer compares field by field. Two things differ, neither seen in
+// TestDumpRequestMatchesLibcontainer compares field by field. Three things differ, none seen in
 // the images:
 //   - CRIU is not asked for its notifications (NotifyScripts): at a dump libcontainer does nothing
 //     at them but lock and unlock network strategies, which only loopback has here (a no-op; a
@@ -37,6 +37,7 @@ import (
 //   - the host's cgroup v1 hierarchies, whose names become the keys of the cgroup bind mounts of a
 //     container without a cgroup namespace, are read from mountinfo once per shim, not per dump
 //     (cgroupMountNames).
+//   - CRIU's exit is not waited for after a successful answer (swrk.dump).
 //
 // What the driver does not handle goes to libcontainer's Checkpoint (declineDump): pre-dumps,
 // lazy pages, page servers, parent images, a CRIU whose version the shim has not learnt yet (the
