@@ -41,9 +41,6 @@ const (
 	switchDiffBytes = 1 << 20
 )
 
-// errWholeUpper keeps a capture of the whole upper out of the dump's time (whileFrozen).
-var errWholeUpper = errors.New("the capture is of the whole upper: it runs after the dump")
-
 // errSwitch says that the capture would cost more than the in-place cycle.
 var errSwitch = errors.New("the upper is past the switch rule's limits")
 
@@ -183,13 +180,7 @@ func (ck *checkpointRun) whileFrozen(ctx context.Context, cp *capture.Capture, d
 	if dump == nil {
 		return fc.run()
 	}
-	watch := func() (seizeWaiter, error) { return eng.WatchSeized() }
-	if !cp.Previous() {
-		// The whole upper (a first capture): it can outlast the dump, and beside CRIU's image
-		// writes it took 5x as long (the python agent's 2029 files, 4 MB: 2.6 s against 0.49 s).
-		watch = func() (seizeWaiter, error) { return nil, errWholeUpper }
-	}
-	bd := startBesideDump(ctx, watch, fc.run)
+	bd := startBesideDump(ctx, func() (seizeWaiter, error) { return eng.WatchSeized() }, fc.run)
 	derr := dump()
 	t.mark("dump")
 	fc.beside, err = bd.end()

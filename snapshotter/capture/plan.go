@@ -166,10 +166,6 @@ func (c *Capture) Walk() error {
 // Stats measure the capture once walked.
 func (c *Capture) Stats() Stats { return c.stats }
 
-// Previous tells whether the capture has a previous capture's record to compare with: it then
-// writes what changed since, unless Prepare finds that capture's layer gone.
-func (c *Capture) Previous() bool { return c.prev != nil }
-
 // Base is the layer the capture is stacked on ("" for none).
 func (c *Capture) Base() string { return c.base }
 
