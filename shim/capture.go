@@ -181,6 +181,7 @@ func (ck *checkpointRun) whileFrozen(ctx context.Context, cp *capture.Capture, d
 		return fc.run()
 	}
 	bd := startBesideDump(ctx, func() (seizeWaiter, error) { return eng.WatchSeized() }, fc.run)
+	t.mark("watch")
 	derr := dump()
 	t.mark("dump")
 	fc.beside, err = bd.end()
