@@ -61,20 +61,10 @@ type swrk struct {
 	pid    int
 	exited chan struct{} // closed once CRIU has been waited for; state is then set
 	state  *os.ProcessState
-	nice   int  // the shim's, which CRIU gets back for its dump (unniced)
-	niced  bool // started ahead at idleNice
 }
 
-// idleNice is the niceness at which a CRIU started ahead execs and loads its libraries: it starts
-// while its checkpoint's last steps run (the commit, the lease, after the thaw) and has until the
-// next checkpoint to be ready, background work that should take the CPU from nothing a
-// checkpoint waits for. The dump gets the shim's niceness back before its request is sent (a
-// CRIU still loading then goes on at the shim's).
-const idleNice = 19
-
-// startSwrk starts `criu swrk` (the wrapper, as libcontainer does) on one end of a socket pair;
-// ahead of time (ahead), at idleNice.
-func startSwrk(ahead bool) (*swrk, error) {
+// startSwrk starts `criu swrk` (the wrapper, as libcontainer does) on one end of a socket pair.
+func startSwrk() (*swrk, error) {
 	fds, err := unix.Socketpair(unix.AF_LOCAL, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("CRIU socket: %w", err)
@@ -98,25 +88,7 @@ func startSwrk(ahead bool) (*swrk, error) {
 		s.conn.Close()
 		return nil, fmt.Errorf("start CRIU: %w", err)
 	}
-	if ahead {
-		// The kernel's getpriority answers 20 - nice (1 for nice 19, 40 for -20).
-		if prio, err := unix.Getpriority(unix.PRIO_PROCESS, s.pid); err == nil && unix.Setpriority(unix.PRIO_PROCESS, s.pid, idleNice) == nil {
-			s.nice, s.niced = 20-prio, true
-		}
-	}
 	return s, nil
-}
-
-// unnice gives a CRIU started ahead the shim's niceness back for its dump.
-func (s *swrk) unnice() error {
-	if !s.niced {
-		return nil
-	}
-	if err := unix.Setpriority(unix.PRIO_PROCESS, s.pid, s.nice); err != nil {
-		return fmt.Errorf("CRIU %d back to niceness %d: %w", s.pid, s.nice, err)
-	}
-	s.niced = false
-	return nil
 }
 
 // run starts cmd, says how on started, and waits for it, on a locked thread (the parent-death
@@ -216,7 +188,7 @@ func (r *readyCRIU) prepareLocked() {
 	p := &pendingSwrk{done: make(chan struct{})}
 	r.next = p
 	go func() {
-		p.s, p.err = startSwrk(true)
+		p.s, p.err = startSwrk()
 		close(p.done)
 	}()
 }
@@ -233,14 +205,14 @@ func (r *readyCRIU) take() (*swrk, error) {
 	}
 	if p != nil {
 		<-p.done
-		if p.err == nil && p.s.alive() && p.s.unnice() == nil {
+		if p.err == nil && p.s.alive() {
 			return p.s, nil
 		}
 		if p.s != nil {
 			p.s.end()
 		}
 	}
-	return startSwrk(false)
+	return startSwrk()
 }
 
 // end ends the CRIU started ahead, if any, and every later prepare.
