@@ -42,7 +42,10 @@ type container struct {
 	checkpoint string // image directory to restore from at Start, if created from a checkpoint
 	// startRestoring: Start is restoring the init from that checkpoint (State does not wait for it)
 	startRestoring atomic.Bool
-	fromImage      bool // that checkpoint came with the container's image: its rootfs is the checkpoint's
+	// rolledBack: a rollback in place has run; the restore copies of its later checkpoints are
+	// made ahead, in the background (pagededup.go)
+	rolledBack atomic.Bool
+	fromImage  bool // that checkpoint came with the container's image: its rootfs is the checkpoint's
 	// admitMounted: the checkpoint's images are admitted once the rootfs is mounted (prepareRestore)
 	admitMounted bool
 	dumped       checkpoint.DumpFlags // the CRIU options that checkpoint was dumped with

@@ -93,6 +93,7 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 	if res.stopped != nil {
 		return fmt.Errorf("roll back to checkpoint %s (kept in %s): the task could not be restored and has stopped: %w", meta.ID, dir, res.stopped)
 	}
+	c.rolledBack.Store(true)
 	if !meta.Contents.HasFS() {
 		s.descend(ctx, c.id, meta)
 		t.mark("lineage")
