@@ -67,7 +67,7 @@ APT_PACKAGES=(
   iptables libseccomp-dev debootstrap xz-utils pkg-config make gcc
   # CRIU's build dependencies (only used when the host has no working CRIU >= CRIU_MIN_VERSION)
   libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
-  libnl-3-dev libcap-dev libnet1-dev libbsd-dev uuid-dev libnftables-dev libgnutls28-dev libaio-dev
+  libnl-3-dev libcap-dev libnet1-dev libbsd-dev uuid-dev libnftables-dev libaio-dev
   patch
 )
 
@@ -131,14 +131,20 @@ fetch_criu_tarball() {
 CRIU_PATCHES=("$HERE"/criu/*.patch)
 [ -e "${CRIU_PATCHES[0]}" ] || CRIU_PATCHES=()
 
-# criu_build_key names a build of CRIU: the source, where it installs, and the patches (names and
-# contents), so that a changed patch set rebuilds and reinstalls.
+# CRIU_MAKE_VARS are the build's settings, given to both make calls (a setting that differs between
+# them would reconfigure and rebuild at the install). NO_GNUTLS: cklite never uses CRIU's TLS page
+# server, and gnutls brings 9 of the binary's 23 shared libraries, which the dynamic loader maps and
+# relocates at every dump and restore (docs/install.md).
+CRIU_MAKE_VARS=(RUNDIR="$CRIU_RUNDIR" NO_GNUTLS=1)
+
+# criu_build_key names a build of CRIU: the source, where it installs, its make settings and the
+# patches (names and contents), so that a changed patch set or setting rebuilds and reinstalls.
 criu_build_key() {
   local patches=none
   if [ ${#CRIU_PATCHES[@]} -gt 0 ]; then
     patches=$(cd "$HERE/criu" && sha256sum -- "${CRIU_PATCHES[@]##*/}" | sha256sum | cut -d' ' -f1)
   fi
-  echo "$CRIU_VERSION $CRIU_SHA256 $PREFIX $CRIU_RUNDIR patches:$patches"
+  echo "$CRIU_VERSION $CRIU_SHA256 $PREFIX ${CRIU_MAKE_VARS[*]} patches:$patches"
 }
 
 # patch_criu SRC applies CRIU_PATCHES to the unpacked source SRC; one that does not apply stops the
@@ -167,8 +173,8 @@ build_criu() {
   rm -rf "$src" "$CRIU_STAGE" && tar -C "$CACHE/criu" -xf "$CRIU_TARBALL"
   [ -d "$src" ] || die "$CRIU_TARBALL did not unpack to $src"
   patch_criu "$src"
-  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu RUNDIR="$CRIU_RUNDIR"
-  run_logged "$LOGS/criu.log" make -C "$src" install-criu DESTDIR="$CRIU_STAGE" PREFIX="$PREFIX" SBINDIR="$BIN" RUNDIR="$CRIU_RUNDIR"
+  run_logged "$LOGS/criu.log" make -C "$src" -j"$(nproc)" criu "${CRIU_MAKE_VARS[@]}"
+  run_logged "$LOGS/criu.log" make -C "$src" install-criu DESTDIR="$CRIU_STAGE" PREFIX="$PREFIX" SBINDIR="$BIN" "${CRIU_MAKE_VARS[@]}"
   rm -rf "$src"
   if ! criu_ok "$CRIU_STAGE$BIN/criu"; then
     "$CRIU_STAGE$BIN/criu" check >&2 || true
