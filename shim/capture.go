@@ -53,18 +53,12 @@ func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapsho
 		return fmt.Errorf("%w: %d entries", errSwitch, c.captured.Len())
 	}
 	t := ck.t
-	rec, base, lctx, err := ck.frozen(ctx, sn, key, meta, dump, limit, t)
+	cp, lctx, err := ck.frozen(ctx, sn, key, meta, dump, limit, t)
 	if err != nil {
 		return err
 	}
-	if meta.Parent, err = ck.baseCheckpoint(ctx, sn, base); err == nil {
-		t.mark("parent")
-		err = ck.record(lctx, meta)
-	}
+	rec, err := ck.commit(ctx, lctx, sn, cp, meta)
 	if err != nil {
-		if rerr := sn.Remove(context.WithoutCancel(ctx), meta.Frozen); rerr != nil {
-			log.G(ctx).WithError(rerr).WithField("frozen", meta.Frozen).Warn("remove the unrecorded capture")
-		}
 		return err
 	}
 	c.captured = rec
@@ -83,48 +77,85 @@ func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapsho
 }
 
 // frozen dumps and captures while the task's cgroup is frozen, then thaws it unless the client
-// had paused it, and commits the capture: whatever fails, the task runs on as it was. Only the
+// had paused it: whatever fails, the capture is aborted and the task runs on as it was. Only the
 // dump, the walk and the copy of what changed happen while it is frozen. Of the snapshot calls
 // (through containerd), those that find the upper come first, and with limit an estimate of the
 // capture (a walk while the task runs) applies the switch rule before anything is dumped; the
 // capture's snapshot is prepared while the task is frozen and dumped (CRIU's time, which the
 // round trips then cost nothing of), the commit comes once it is thawed. It returns the
-// capture's record, the layer it stacks on and ctx under the checkpoint's work lease.
-func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (*capture.Record, string, context.Context, error) {
+// capture, written, and ctx under the checkpoint's work lease.
+func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (*capture.Capture, context.Context, error) {
 	cp, err := capture.Open(ctx, sn, key, meta.Frozen, ck.c.captured)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, nil, err
 	}
 	t.mark("open")
 	if limit {
 		if err := ck.switchBeforeDump(cp, t); err != nil {
-			return nil, "", nil, err
+			return nil, nil, err
 		}
 	}
 	p := ck.prepareCapture(ctx, sn, cp)
-	err = ck.whileFrozen(cp, dump, limit, t, p.wait)
+	err = ck.whileFrozen(ctx, cp, dump, limit, t, p.wait)
 	lctx, perr := p.wait()
 	if err == nil {
 		err = perr
 	}
 	if err != nil {
 		cp.Abort(ctx, sn)
-		return nil, "", nil, err
+		return nil, nil, err
 	}
-	rec, err := cp.Commit(lctx, sn, map[string]string{checkpoint.LabelID: meta.ID})
-	if err != nil {
-		return nil, "", nil, err
-	}
-	t.mark("commit")
-	return rec, cp.Base(), lctx, nil
+	return cp, lctx, nil
 }
 
-// whileFrozen freezes the task's cgroup unless the client paused it, dumps it and, once the
-// capture's snapshot is prepared (prepared waits for it), writes the capture, then thaws it
-// again. A leave-running dump freezes the cgroup itself and leaves it frozen (KeepFrozen: CRIU
-// freezes it at its seize when it can, runtime.Container.Checkpoint first otherwise), so the
-// task runs on through CRIU's start; "frozen" then counts from the dump's start, an upper bound.
-func (ck *checkpointRun) whileFrozen(cp *capture.Capture, dump func() error, limit bool, t *steps, prepared func() (context.Context, error)) (err error) {
+// commit commits the written capture as the checkpoint's layer and records the checkpoint, or
+// removes both. The image directory's metadata is written while the layer is committed (one
+// file beside a synced transaction of containerd's and one of the snapshotter's); the checkpoint
+// is listed (its lease) only once both are done, so a crash before leaves nothing listed: a
+// metadata file without a lease, or a layer under the work lease, as before.
+func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshotter, cp *capture.Capture, meta checkpoint.Meta) (*capture.Record, error) {
+	t := ck.t
+	var err error
+	if meta.Parent, err = ck.baseCheckpoint(ctx, sn, cp.Base()); err != nil {
+		cp.Abort(ctx, sn)
+		return nil, err
+	}
+	t.mark("parent")
+	written := make(chan error, 1)
+	go func() {
+		start := time.Now()
+		err := ck.writeMeta(&meta)
+		t.fields["metaFile"] = time.Since(start) // beside the commit
+		written <- err
+	}()
+	rec, err := cp.Commit(lctx, sn, map[string]string{checkpoint.LabelID: meta.ID})
+	werr := <-written
+	t.mark("commit")
+	if err == nil && werr == nil {
+		err = ck.list(lctx, meta)
+	}
+	if err == nil {
+		return rec, nil
+	}
+	if rec != nil {
+		if rerr := sn.Remove(context.WithoutCancel(ctx), meta.Frozen); rerr != nil {
+			log.G(ctx).WithError(rerr).WithField("frozen", meta.Frozen).Warn("remove the unrecorded capture")
+		}
+	}
+	if werr == nil {
+		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
+	}
+	return nil, errors.Join(err, werr)
+}
+
+// whileFrozen freezes the task's cgroup unless the client paused it, dumps it and captures its
+// upper, then thaws it again. A leave-running dump freezes the cgroup itself and leaves it frozen
+// (KeepFrozen: CRIU freezes it at its seize when it can, runtime.Container.Checkpoint first
+// otherwise), so the task runs on through CRIU's start; "frozen" then counts from the dump's
+// start, an upper bound. The capture runs beside the dump from the moment CRIU holds every
+// thread of the task (besideDump), else after it; either way it is kept only if the dump
+// succeeded and left the cgroup frozen.
+func (ck *checkpointRun) whileFrozen(ctx context.Context, cp *capture.Capture, dump func() error, limit bool, t *steps, prepared func() (context.Context, error)) (err error) {
 	eng := ck.c.engine()
 	clientPaused := eng.Paused()
 	if !clientPaused {
@@ -144,38 +175,115 @@ func (ck *checkpointRun) whileFrozen(cp *capture.Capture, dump func() error, lim
 			t.fields["frozen"] = time.Since(start) // what the task saw of the checkpoint
 		}()
 	}
-	if dump != nil {
-		if err := dump(); err != nil {
-			return err
-		}
-		t.mark("dump")
-		if !ck.opts.Exit && !eng.Paused() {
-			// The capture would race with the running task.
-			return fmt.Errorf("the task's cgroup was thawed by CRIU's dump: its filesystem cannot be captured consistently")
-		}
+	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: clientPaused, prepared: prepared}
+	defer fc.log(t)
+	if dump == nil {
+		return fc.run()
 	}
-	if _, err := prepared(); err != nil {
+	bd := startBesideDump(ctx, func() (seizeWaiter, error) { return eng.WatchSeized() }, fc.run)
+	t.mark("watch")
+	derr := dump()
+	t.mark("dump")
+	fc.beside, err = bd.end()
+	t.mark("captured") // what the dump's end waited for the capture beside it
+	if derr != nil {
+		return derr
+	}
+	if !ck.opts.Exit && !eng.Paused() {
+		// The capture would race with the running task.
+		return fmt.Errorf("the task's cgroup was thawed by CRIU's dump: its filesystem cannot be captured consistently")
+	}
+	if !fc.beside {
+		err = fc.run()
+		t.mark("captured")
+	}
+	return err
+}
+
+// frozenCapture is the part of a capture that needs the task still: the walk of its upper, the
+// switch rule and the write of what changed, once the capture's snapshot is prepared.
+type frozenCapture struct {
+	cp                     *capture.Capture
+	limit, clientPaused    bool
+	prepared               func() (context.Context, error)
+	beside                 bool // it ran beside the dump
+	waited, walked, copied time.Duration
+}
+
+func (fc *frozenCapture) run() error {
+	start := time.Now()
+	if _, err := fc.prepared(); err != nil {
 		return err
 	}
-	t.mark("prepared")
-	if err := cp.Walk(); err != nil {
+	fc.waited = time.Since(start)
+	if err := fc.cp.Walk(); err != nil {
 		return err
 	}
-	t.mark("walk")
-	st := cp.Stats()
-	t.fields["entries"], t.fields["writes"], t.fields["bytes"], t.fields["delta"] = st.Entries, st.Writes, st.Bytes, st.Delta
-	if limit {
+	fc.walked = time.Since(start) - fc.waited
+	if fc.limit {
 		// What the estimate did not see: written while the task was being frozen and dumped,
 		// or the previous capture's layer gone. The checkpoint then dumps twice.
-		if err := switchRule(st, clientPaused); err != nil {
+		if err := switchRule(fc.cp.Stats(), fc.clientPaused); err != nil {
 			return err
 		}
 	}
-	if err := cp.Write(); err != nil {
+	if err := fc.cp.Write(); err != nil {
 		return err
 	}
-	t.mark("write")
+	fc.copied = time.Since(start) - fc.waited - fc.walked
 	return nil
+}
+
+// log adds the capture's steps and what it saw to the checkpoint's log line.
+func (fc *frozenCapture) log(t *steps) {
+	st := fc.cp.Stats()
+	t.fields["prepared"], t.fields["walk"], t.fields["write"], t.fields["besideDump"] = fc.waited, fc.walked, fc.copied, fc.beside
+	t.fields["entries"], t.fields["writes"], t.fields["bytes"], t.fields["delta"] = st.Entries, st.Writes, st.Bytes, st.Delta
+}
+
+// besideDump runs a capture beside CRIU's dump from the moment CRIU holds every thread of the
+// task (runtime.SeizeWatch): the task cannot change its files from then until the thaw after the
+// dump, so the walk and the write leave the task's downtime and the checkpoint's time, but for
+// what of them outlasts CRIU. Where the watch cannot tell (no freezer cgroup), or the dump ends
+// first, the capture runs after the dump, as before.
+type besideDump struct {
+	stop, done chan struct{}
+	started    bool // the capture ran, beside the dump
+	err        error
+}
+
+func startBesideDump(ctx context.Context, watch func() (seizeWaiter, error), capture func() error) *besideDump {
+	bd := &besideDump{stop: make(chan struct{}), done: make(chan struct{})}
+	w, err := watch()
+	if err != nil {
+		log.G(ctx).WithError(err).Debug("checkpoint: the capture waits for the dump's end")
+		close(bd.done)
+		return bd
+	}
+	go func() {
+		defer close(bd.done)
+		held, err := w.Wait(bd.stop)
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("checkpoint: the capture waits for the dump's end")
+		}
+		if held {
+			bd.started, bd.err = true, capture()
+		}
+	}()
+	return bd
+}
+
+// seizeWaiter waits for CRIU to hold every thread of the task (runtime.SeizeWatch), or for stop.
+type seizeWaiter interface {
+	Wait(stop <-chan struct{}) (held bool, err error)
+}
+
+// end stops the watch once the dump has ended and waits for a capture that started; started
+// says whether one did, err how it ended.
+func (bd *besideDump) end() (started bool, err error) {
+	close(bd.stop)
+	<-bd.done
+	return bd.started, bd.err
 }
 
 // switchBeforeDump applies the switch rule before the dump, so that a checkpoint past it dumps

@@ -70,7 +70,7 @@ func TestWhileFrozen(t *testing.T) {
 			dump := func() error {
 				return ck.c.engine().Checkpoint(runtime.CheckpointOpts{Exit: tc.exit, KeepFrozen: true})
 			}
-			err := ck.whileFrozen(cp, dump, true, newSteps(), func() (context.Context, error) { return context.Background(), nil })
+			err := ck.whileFrozen(context.Background(), cp, dump, true, newSteps(), func() (context.Context, error) { return context.Background(), nil })
 			if (err != nil) != tc.fails || tc.want != nil && !errors.Is(err, tc.want) {
 				t.Fatalf("whileFrozen: %v, want it to fail: %t (%v)", err, tc.fails, tc.want)
 			}
@@ -110,4 +110,41 @@ func testCapture(t *testing.T, size int) *capture.Capture {
 		t.Fatal(err)
 	}
 	return cp
+}
+
+// waiterFunc is a seizeWaiter.
+type waiterFunc func(stop <-chan struct{}) (bool, error)
+
+func (f waiterFunc) Wait(stop <-chan struct{}) (bool, error) { return f(stop) }
+
+// TestBesideDump: the capture runs beside the dump once the watch says CRIU holds the task, and
+// the dump's end waits for it; where the watch cannot tell, or the dump ends first, it does not
+// run (the caller captures after the dump).
+func TestBesideDump(t *testing.T) {
+	captureErr := errors.New("walk failed")
+	held := waiterFunc(func(<-chan struct{}) (bool, error) { return true, nil })
+	never := waiterFunc(func(stop <-chan struct{}) (bool, error) { <-stop; return false, nil })
+	broken := waiterFunc(func(<-chan struct{}) (bool, error) { return false, errors.New("cgroup gone") })
+	for _, tc := range []struct {
+		name    string
+		watch   func() (seizeWaiter, error)
+		err     error // the capture's
+		started bool
+		wantErr error
+	}{
+		{name: "held", watch: func() (seizeWaiter, error) { return held, nil }, started: true},
+		{name: "held, the capture fails", watch: func() (seizeWaiter, error) { return held, nil }, err: captureErr, started: true, wantErr: captureErr},
+		{name: "the dump ends first", watch: func() (seizeWaiter, error) { return never, nil }},
+		{name: "no watch", watch: func() (seizeWaiter, error) { return nil, errors.New("no freezer cgroup") }},
+		{name: "the watch fails", watch: func() (seizeWaiter, error) { return broken, nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ran bool
+			bd := startBesideDump(context.Background(), tc.watch, func() error { ran = true; return tc.err })
+			started, err := bd.end()
+			if started != tc.started || ran != tc.started || !errors.Is(err, tc.wantErr) || tc.wantErr == nil && err != nil {
+				t.Fatalf("started %t (ran %t), %v; want started %t, %v", started, ran, err, tc.started, tc.wantErr)
+			}
+		})
+	}
 }

@@ -306,8 +306,17 @@ func (ck *checkpointRun) criuOpts(exit bool) runtime.CheckpointOpts {
 	return o
 }
 
-// record writes the metadata into the image directory and creates the checkpoint's lease.
+// record writes the metadata into the image directory and lists the checkpoint (its lease).
 func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error {
+	if err := ck.writeMeta(&meta); err != nil {
+		return err
+	}
+	ck.t.mark("metaFile")
+	return ck.list(ctx, meta)
+}
+
+// writeMeta sizes the dump's images into meta and writes meta into the image directory.
+func (ck *checkpointRun) writeMeta(meta *checkpoint.Meta) error {
 	// Without CRIU (a filesystem-only checkpoint) nothing has made the directory yet.
 	if err := os.MkdirAll(ck.path, 0o700); err != nil {
 		return fmt.Errorf("checkpoint image directory: %w", err)
@@ -316,20 +325,30 @@ func (ck *checkpointRun) record(ctx context.Context, meta checkpoint.Meta) error
 	if meta.MemoryBytes, err = checkpoint.ImageSize(ck.path); err != nil {
 		return fmt.Errorf("size of checkpoint images: %w", err)
 	}
-	ck.t.mark("imageSize")
-	if err := checkpoint.Write(ck.path, meta); err != nil {
-		return err
-	}
-	ck.t.mark("metaFile")
+	return checkpoint.Write(ck.path, *meta)
+}
+
+// list creates the checkpoint's lease, which lists it, once its metadata is written and its
+// layer committed, and records that the container descends from it. The lineage is set beside
+// the lease (two containerd round trips at once) and set back if the lease fails: a crash in
+// between leaves a lineage naming an unlisted checkpoint, which refuses no rollback the lineage
+// before it allowed but for one that the oldest entry, pushed out, allowed (--force-foreign).
+func (ck *checkpointRun) list(ctx context.Context, meta checkpoint.Meta) error {
 	// Only a directory the client named outlives the call; the daemon's temporary one does not.
 	rec := checkpoint.Record{Meta: meta, ImagePath: ck.opts.ImagePath}
-	if _, err := checkpoint.Hold(ctx, ck.lm, rec); err != nil {
+	descended := make(chan struct{})
+	go func() {
+		defer close(descended)
+		ck.s.descend(ctx, ck.c.id, meta)
+	}()
+	_, err := checkpoint.Hold(ctx, ck.lm, rec)
+	<-descended
+	ck.t.mark("listed")
+	if err != nil {
 		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
+		ck.s.recordLineage(ctx, ck.c.id, checkpoint.ParseLineage(meta.Lineage))
 		return err
 	}
-	ck.t.mark("hold")
-	ck.s.descend(ctx, ck.c.id, meta)
-	ck.t.mark("lineage")
 	return nil
 }
 

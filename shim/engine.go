@@ -31,6 +31,7 @@ type engine interface {
 	HasNetNS() bool
 	PrepareDump(work string, options ...string) error
 	Checkpoint(o runtime.CheckpointOpts) error
+	WatchSeized() (*runtime.SeizeWatch, error)
 	Destroy() error
 	Vacate() error
 	Stdio() ([]string, error)

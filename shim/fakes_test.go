@@ -117,8 +117,13 @@ func (e *fakeEngine) OOM() (<-chan struct{}, error)             { return nil, e.
 func (e *fakeEngine) HasNetNS() bool                            { _ = e.call("HasNetNS"); return false }
 func (e *fakeEngine) PrepareDump(string, ...string) error       { return e.call("PrepareDump") }
 func (e *fakeEngine) Checkpoint(o runtime.CheckpointOpts) error { return e.call("Checkpoint") }
-func (e *fakeEngine) Destroy() error                            { return e.call("Destroy") }
-func (e *fakeEngine) Vacate() error                             { return e.call("Vacate") }
+
+// WatchSeized: no freezer cgroup to watch, so a capture runs after the dump.
+func (e *fakeEngine) WatchSeized() (*runtime.SeizeWatch, error) {
+	return nil, errors.New("no freezer cgroup")
+}
+func (e *fakeEngine) Destroy() error { return e.call("Destroy") }
+func (e *fakeEngine) Vacate() error  { return e.call("Vacate") }
 
 // fakeDaemon is containerd as a checkpoint sees it: the container's rootfs snapshot and labels,
 // a snapshotter and a lease manager that accept everything.

@@ -3,30 +3,43 @@ package capture
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
 
-// writer writes a plan's ops from the live upper into the upper of the capture's snapshot.
+// writer writes a plan's ops from the live upper into the upper of the capture's snapshot. The
+// task is frozen while it runs (beside CRIU's dump, on a loaded host): every entry costs a few
+// system calls, a regular file's made on its descriptors (no path walk, no Go poller
+// registration) and each entry's attributes read once.
 type writer struct {
 	from, to string
 	made     map[string]bool   // directories made in the capture
-	dirs     []string          // the same, in order: their times are set last
+	dirs     []madeDir         // the same, in order: their times are set last
 	links    map[uint64]string // inode of a file with several links → its first path written
 }
 
+// madeDir is a directory made in the capture, with the live one's attributes.
+type madeDir struct {
+	rel string
+	st  *unix.Stat_t
+}
+
 func newWriter(from, to string) *writer {
-	return &writer{from: from, to: to, made: map[string]bool{".": true}, dirs: []string{"."}, links: map[uint64]string{}}
+	return &writer{from: from, to: to, made: map[string]bool{".": true}, links: map[uint64]string{}}
 }
 
 // apply writes ops, then gives every directory it made its times (writing below a directory
 // changes them).
 func (w *writer) apply(ops []op) error {
 	// The merged view takes its root's owner, mode and times from the top layer's root.
-	if err := w.meta(".", ""); err != nil {
+	st, err := lstat(w.from)
+	if err != nil {
+		return err
+	}
+	w.dirs = append(w.dirs, madeDir{".", st})
+	if err := w.meta(".", st, ""); err != nil {
 		return err
 	}
 	for _, o := range ops {
@@ -38,11 +51,7 @@ func (w *writer) apply(ops []op) error {
 		}
 	}
 	for i := len(w.dirs) - 1; i >= 0; i-- {
-		st, err := lstat(filepath.Join(w.from, w.dirs[i]))
-		if err != nil {
-			return err
-		}
-		if err := setTimes(filepath.Join(w.to, w.dirs[i]), st); err != nil {
+		if err := setTimes(filepath.Join(w.to, w.dirs[i].rel), w.dirs[i].st); err != nil {
 			return err
 		}
 	}
@@ -67,12 +76,9 @@ func (w *writer) op(o op) error {
 		if w.made[o.path] {
 			return nil
 		}
-		return w.mkdir(o.path, o.opaque)
+		return w.mkdir(o.path, st, o.opaque)
 	case unix.S_IFREG:
-		linked, err := w.copyFile(o.path, st)
-		if err != nil || linked {
-			return err
-		}
+		return w.copyFile(o.path, st)
 	case unix.S_IFLNK:
 		target, err := os.Readlink(src)
 		if err == nil {
@@ -86,7 +92,7 @@ func (w *writer) op(o op) error {
 			return fmt.Errorf("mknod %s: %w", o.path, err)
 		}
 	}
-	if err := w.meta(o.path, ""); err != nil {
+	if err := w.meta(o.path, st, ""); err != nil {
 		return err
 	}
 	return setTimes(dst, st)
@@ -103,61 +109,139 @@ func (w *writer) parents(rel string) error {
 	if err := w.parents(dir); err != nil {
 		return err
 	}
-	return w.mkdir(dir, "")
+	st, err := lstat(filepath.Join(w.from, dir))
+	if err != nil {
+		return err
+	}
+	return w.mkdir(dir, st, "")
 }
 
-func (w *writer) mkdir(rel, opaque string) error {
+// mkdir makes directory rel, whose live attributes are st.
+func (w *writer) mkdir(rel string, st *unix.Stat_t, opaque string) error {
 	if err := os.Mkdir(filepath.Join(w.to, rel), 0o700); err != nil {
 		return fmt.Errorf("mkdir %s: %w", rel, err)
 	}
 	w.made[rel] = true
-	w.dirs = append(w.dirs, rel)
-	return w.meta(rel, opaque)
+	w.dirs = append(w.dirs, madeDir{rel, st})
+	return w.meta(rel, st, opaque)
 }
 
-// copyFile copies regular file rel, or links it to the path it was already copied to; linked
-// says which (a link has its metadata already).
-func (w *writer) copyFile(rel string, st *unix.Stat_t) (linked bool, err error) {
+// copyFile copies regular file rel, whose live attributes are st, with them, or links it to the
+// path it was already copied to.
+func (w *writer) copyFile(rel string, st *unix.Stat_t) error {
 	dst := filepath.Join(w.to, rel)
 	if st.Nlink > 1 {
 		if first, ok := w.links[st.Ino]; ok {
 			if err := os.Link(filepath.Join(w.to, first), dst); err != nil {
-				return false, fmt.Errorf("link %s: %w", rel, err)
+				return fmt.Errorf("link %s: %w", rel, err)
 			}
-			return true, nil
+			return nil
 		}
 		w.links[st.Ino] = rel
 	}
-	in, err := os.Open(filepath.Join(w.from, rel))
+	in, err := unix.Open(filepath.Join(w.from, rel), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return false, fmt.Errorf("copy %s: %w", rel, err)
+		return fmt.Errorf("copy %s: %w", rel, err)
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	defer unix.Close(in)
+	out, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return false, fmt.Errorf("copy %s: %w", rel, err)
+		return fmt.Errorf("copy %s: %w", rel, err)
 	}
-	// Between two files io.Copy is copy_file_range: in the kernel, a reflink where the
-	// filesystem has them.
-	_, err = io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
+	err = copyData(in, out, st.Size)
+	if err == nil {
+		err = fileMeta(in, out, st)
+	}
+	if cerr := unix.Close(out); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return false, fmt.Errorf("copy %s: %w", rel, err)
+	if err == nil {
+		err = setTimes(dst, st)
 	}
-	return false, nil
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", rel, err)
+	}
+	return nil
 }
 
-// meta gives rel in the capture the live entry's owner, mode and extended attributes (in that
-// order: a chown drops set-id bits and file capabilities), the opaque mark excepted: opaque, if
-// not "", is the mark to set.
-func (w *writer) meta(rel, opaque string) error {
-	src, dst := filepath.Join(w.from, rel), filepath.Join(w.to, rel)
-	st, err := lstat(src)
-	if err != nil {
-		return err
+// copyData copies the size bytes of file in (still: its writers are frozen) to out: with
+// copy_file_range, in the kernel and a reflink where the filesystem has them, else (another
+// filesystem, one without it) by reading and writing.
+func copyData(in, out int, size int64) error {
+	var done int64
+	for done < size {
+		n, err := unix.CopyFileRange(in, nil, out, nil, int(min(size-done, 1<<30)), 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case done == 0 && (errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP)):
+			return readWrite(in, out)
+		case err != nil:
+			return err
+		case n == 0:
+			return nil // shorter than it was: the copy has what there is
+		}
+		done += int64(n)
 	}
+	return nil
+}
+
+// readWrite copies file in to out through a buffer.
+func readWrite(in, out int) error {
+	buf := make([]byte, 128<<10)
+	for {
+		n, err := unix.Read(in, buf)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return err
+		case n == 0:
+			return nil
+		}
+		for b := buf[:n]; len(b) > 0; {
+			m, err := unix.Write(out, b)
+			if err != nil && !errors.Is(err, unix.EINTR) {
+				return err
+			}
+			b = b[max(m, 0):]
+		}
+	}
+}
+
+// fileMeta gives the copy out of a regular file the owner, mode and extended attributes of in,
+// whose attributes are st (in that order: a chown drops set-id bits and file capabilities).
+func fileMeta(in, out int, st *unix.Stat_t) error {
+	if err := unix.Fchown(out, int(st.Uid), int(st.Gid)); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	if err := unix.Fchmod(out, st.Mode&0o7777); err != nil {
+		return fmt.Errorf("chmod: %w", err)
+	}
+	names, err := grow(func(b []byte) (int, error) { return unix.Flistxattr(in, b) })
+	if err != nil {
+		return fmt.Errorf("extended attributes: list: %w", err)
+	}
+	for _, name := range xattrNames(names) {
+		if name == opaqueXattr || upperOnlyXattrs[name] {
+			continue
+		}
+		v, err := grow(func(b []byte) (int, error) { return unix.Fgetxattr(in, name, b) })
+		if err != nil {
+			return fmt.Errorf("extended attributes: get %s: %w", name, err)
+		}
+		if err := unix.Fsetxattr(out, name, v, 0); err != nil {
+			return fmt.Errorf("extended attributes: set %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// meta gives rel in the capture the live entry's owner, mode and extended attributes, st its
+// attributes (in that order: a chown drops set-id bits and file capabilities), the opaque mark
+// excepted: opaque, if not "", is the mark to set.
+func (w *writer) meta(rel string, st *unix.Stat_t, opaque string) error {
+	src, dst := filepath.Join(w.from, rel), filepath.Join(w.to, rel)
 	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
 		return fmt.Errorf("chown %s: %w", rel, err)
 	}
@@ -211,6 +295,11 @@ func listXattrs(path string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list: %w", err)
 	}
+	return xattrNames(buf), nil
+}
+
+// xattrNames splits a list of extended attributes' names as listxattr returns it.
+func xattrNames(buf []byte) []string {
 	var names []string
 	for len(buf) > 0 {
 		i := 0
@@ -222,7 +311,7 @@ func listXattrs(path string) ([]string, error) {
 		}
 		buf = buf[min(i+1, len(buf)):]
 	}
-	return names, nil
+	return names
 }
 
 func getXattr(path, name string) ([]byte, error) {
