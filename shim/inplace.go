@@ -37,6 +37,9 @@ type inPlace struct {
 	stop func() error
 	// switchRootfs changes the rootfs while no process runs and it is unmounted.
 	switchRootfs func(ctx context.Context) error
+	// discards says that switchRootfs replaces the rootfs's key: the old mount's upper is not read
+	// again, and its unmount leaves the end of the mount to inPlaceResult.release.
+	discards bool
 	// restoreAnyway restores even when the engine could not be destroyed or the rootfs could not
 	// be switched: a checkpoint's fresh dump is still the task (it runs on, the checkpoint
 	// failed), where a rollback's images on the wrong rootfs would not be.
@@ -55,10 +58,13 @@ func (ip *inPlace) mark(name string) {
 }
 
 // inPlaceResult is how the cycle ended: switched is switchRootfs's (or the teardown's) failure,
-// stopped is set when the task did not come back and its exit was published.
+// stopped is set when the task did not come back and its exit was published. release ends the
+// discarded rootfs's mount (container.detachRootfs): the caller runs it once it has answered,
+// before anything else uses the old key.
 type inPlaceResult struct {
 	switched error
 	stopped  error
+	release  func()
 }
 
 // run runs the cycle. An error means nothing was stopped (the task runs as it did, unless it
@@ -91,11 +97,15 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	// The rootfs is about to get another upper: the last capture recorded this one.
 	c.captured = nil
 
-	var res inPlaceResult
+	res := inPlaceResult{release: func() {}}
 	res.switched = eng.Vacate() // its poststop hooks run at the task's delete, once
 	ip.mark("destroy")
 	if res.switched == nil {
-		res.switched = c.unmountRootfs(ctx)
+		if ip.discards {
+			res.release, res.switched = c.detachRootfs(ctx)
+		} else {
+			res.switched = c.unmountRootfs(ctx)
+		}
 		ip.mark("unmount")
 	}
 	if res.switched == nil {

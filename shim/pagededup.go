@@ -20,9 +20,13 @@ import (
 // Memory stored as what changed (pkg/pagechain): once a checkpoint is taken and its task runs
 // again, the shim rewrites the checkpoint's dump so that the pages equal to its parent
 // checkpoint's are read from the parent's image directory, then compresses its small pages
-// files. Only image directories in cklite's own checkpoints directory of the namespace (`cklite
-// checkpoint create`'s) take part, as child and as parent: a directory a client named is the
-// client's, and may be moved or removed by means that know nothing of the chain.
+// files. For a container that has been rolled back in place (a tree search, an agent undoing its
+// steps: likely to be rolled back again), it then makes the copies a restore of the checkpoint
+// reads (pagechain.Materialise), so that the rollback does not, while its task is down; other
+// containers' checkpoints keep no decompressed copy until a restore asks. Only image directories
+// in cklite's own checkpoints directory of the namespace (`cklite checkpoint create`'s) take
+// part, as child and as parent: a directory a client named is the client's, and may be moved or
+// removed by means that know nothing of the chain.
 
 // dedupMu runs one deduplication at a time in a shim: each reads two dumps.
 var dedupMu sync.Mutex
@@ -38,11 +42,12 @@ func (s *service) dedupPages(ctx context.Context, ns string, ck *checkpointRun) 
 	}
 	ctx = namespaces.WithNamespace(context.WithoutCancel(ctx), ns)
 	dir := ck.path
+	warm := ck.c.rolledBack.Load()
 	go func() {
 		dedupMu.Lock()
 		defer dedupMu.Unlock()
 		start := time.Now()
-		r := s.dedup(ctx, ns, dir)
+		r := s.dedup(ctx, ns, dir, warm)
 		r.TookMs = time.Since(start).Milliseconds()
 		l := log.G(ctx).WithFields(log.Fields{"dir": dir, "parent": r.Parent, "inParent": r.InParent, "present": r.Present,
 			"bytesBefore": r.BytesBefore, "bytesAfter": r.BytesAfter, "compressedTo": r.Compressed.BytesAfter, "took": time.Since(start)})
@@ -57,8 +62,8 @@ func (s *service) dedupPages(ctx context.Context, ns string, ck *checkpointRun) 
 }
 
 // dedup deduplicates dir against the nearest checkpoint of its lineage that has a memory dump in
-// the same checkpoints directory.
-func (s *service) dedup(ctx context.Context, ns, dir string) pagechain.Report {
+// the same checkpoints directory, and compresses it; warm: then makes its restore copies.
+func (s *service) dedup(ctx context.Context, ns, dir string, warm bool) pagechain.Report {
 	skip := func(why string, args ...any) pagechain.Report {
 		return pagechain.Report{Skipped: fmt.Sprintf(why, args...)}
 	}
@@ -103,6 +108,10 @@ func (s *service) dedup(ctx context.Context, ns, dir string) pagechain.Report {
 	// them (pagechain.OpenRestore).
 	if r.Compressed, err = pagechain.Compress(dir); err != nil {
 		log.G(ctx).WithError(err).WithField("dir", dir).Warn("compress checkpoint memory")
+	} else if warm {
+		if err := pagechain.Materialise(dir); err != nil {
+			log.G(ctx).WithError(err).WithField("dir", dir).Warn("materialise checkpoint memory for its restores")
+		}
 	}
 	return r
 }

@@ -123,7 +123,7 @@ func TestDedupParent(t *testing.T) {
 			}
 			writeCheckpoint(t, dir, "b2", checkpoint.MemoryAndFS, tc.lineage...)
 			s := &service{daemon: d, config: shimConfig{cfg: config.Shim{StateDir: state, DedupMemory: &[]bool{!tc.off}[0]}}}
-			r := s.dedup(context.Background(), "ns", dir)
+			r := s.dedup(context.Background(), "ns", dir, false)
 			if r.Parent != tc.wantParent || !strings.Contains(r.Skipped, tc.skipped) || (tc.skipped == "") != (r.Skipped == "") {
 				t.Fatalf("report %+v, want parent %q, skipped for %q", r, tc.wantParent, tc.skipped)
 			}

@@ -51,8 +51,9 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 	defer os.RemoveAll(work)
 	ip := &inPlace{
 		s: s, c: c, what: "rollback", sn: sn, key: key, t: t,
-		dump:    meta.Dump,
-		restore: criuOptions(dir, work, meta.Dump, false),
+		discards: meta.Contents.HasFS(), // a memory-only checkpoint keeps the key
+		dump:     meta.Dump,
+		restore:  criuOptions(dir, work, meta.Dump, false),
 		stop: func() error {
 			if err := c.engine().Signal(unix.SIGKILL, true); err != nil {
 				return fmt.Errorf("roll back: kill the task: %w", err)
@@ -77,16 +78,22 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 	// with the request, which ttrpc cancels when containerd goes away (a crash, a restart). They
 	// are bounded on their own (the switch's retries, the restore's limits).
 	res, err := ip.run(context.WithoutCancel(ctx))
-	if sw.Key != "" {
-		// The replaced key's removal waits for no one: after the answer (Delete waits for it).
-		c.finishing.Go(func() { sw.Finish(context.WithoutCancel(ctx)) })
-	}
 	if err != nil {
 		return err
 	}
+	// The old mount's end and the replaced key's removal wait for no one: after the answer
+	// (Delete waits for them). The key goes once its mount has ended: its removal may hand its
+	// upper over (snapshotter/lend.go), which must not be mounted.
+	c.finishing.Go(func() {
+		res.release()
+		if sw.Key != "" {
+			sw.Finish(context.WithoutCancel(ctx))
+		}
+	})
 	if res.stopped != nil {
 		return fmt.Errorf("roll back to checkpoint %s (kept in %s): the task could not be restored and has stopped: %w", meta.ID, dir, res.stopped)
 	}
+	c.rolledBack.Store(true)
 	if !meta.Contents.HasFS() {
 		s.descend(ctx, c.id, meta)
 		t.mark("lineage")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -250,4 +251,28 @@ func mustReadlink(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestMaterialiseAhead: the copies Materialise makes once a checkpoint is compressed are the ones
+// its restores read, after the shim has written the deduplication's report into the directory.
+func TestMaterialiseAhead(t *testing.T) {
+	cache := testCache(t)
+	_, g, p, c, want := chain(t)
+	compressAll(t, g, p, c)
+	if err := Materialise(c); err != nil {
+		t.Fatal(err)
+	}
+	made := copies(t, cache)
+	if len(made) != 3 {
+		t.Fatalf("%d copies after materialising c, want 3 (c, p, g): %v", len(made), made)
+	}
+	if err := WriteReport(c, Report{Parent: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := restored(t, c); !mapsEqual(got, want["c"]) {
+		t.Fatalf("c restored: %v, want %v", got, want["c"])
+	}
+	if now := copies(t, cache); !slices.Equal(now, made) {
+		t.Fatalf("the restore made copies of its own: %v, materialised ahead %v", now, made)
+	}
 }

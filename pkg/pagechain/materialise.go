@@ -50,6 +50,20 @@ func OpenRestore(dir string) (*Restore, error) {
 	return r, nil
 }
 
+// Materialise makes the copies a restore of image directory dir reads, ahead of the restore: the
+// shim calls it once a checkpoint's pages are compressed, in the background, so that a rollback
+// to the checkpoint finds its copy made (a level's copy took 2-9 ms to make on the rolled-back
+// task's path, 0.3-0.8 ms to reuse). The copies are then the cache's like any other: evicted
+// when unused for cacheIdle or past cacheMax.
+func Materialise(dir string) error {
+	r, err := OpenRestore(dir)
+	if err != nil {
+		return err
+	}
+	r.Close()
+	return nil
+}
+
 // Close releases the copies and unlocks the chain.
 func (r *Restore) Close() {
 	for _, f := range r.copies {
@@ -136,10 +150,12 @@ func compressedPages(name string) (string, bool) {
 }
 
 // copied says whether entry n of an image directory has a place in its copy: not the parent
-// link (the copy has its own), hidden files, nor CRIU's output (logs and stats, which a restore
-// without a work directory writes into the image directory).
+// link (the copy has its own), hidden files, CRIU's output (logs and stats, which a restore
+// without a work directory writes into the image directory), nor ReportFile, which CRIU does not
+// read and the shim writes after the compression: the copy Materialise makes then is the one
+// later restores look for (cacheKey).
 func copied(n string) bool {
-	return n != criuimage.ParentLink && !strings.HasPrefix(n, ".") && !strings.HasPrefix(n, "stats-") && !strings.HasSuffix(n, ".log")
+	return n != criuimage.ParentLink && n != ReportFile && !strings.HasPrefix(n, ".") && !strings.HasPrefix(n, "stats-") && !strings.HasSuffix(n, ".log")
 }
 
 // cacheKey names the copy of image directory src (absolute) whose parent link names parent: a

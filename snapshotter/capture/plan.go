@@ -33,6 +33,9 @@ type Capture struct {
 	stats      Stats
 	maxEntries int   // a walk stops past this many entries (errTooMany); 0: no limit
 	use        fsUse // the upper's filesystem's use when Walk began
+	// live: the upper's writers run (Estimate), so an entry may go between its directory's read
+	// and its own; the walk leaves it out.
+	live bool
 }
 
 // Stats measure a capture: what the walk saw and what the capture writes.
@@ -132,7 +135,7 @@ func (c *Capture) prepared(ctx context.Context, sn snapshots.Snapshotter, ms []m
 // frozen and dumped whether to capture at all. It assumes the previous capture's layer is still
 // there (Prepare finds out).
 func (c *Capture) Estimate(maxEntries int) (Stats, error) {
-	e := &Capture{key: c.key, upper: c.upper, entries: map[string]entry{}, maxEntries: maxEntries}
+	e := &Capture{key: c.key, upper: c.upper, entries: map[string]entry{}, maxEntries: maxEntries, live: true}
 	var was map[string]entry
 	if c.prev != nil {
 		was, e.stats.Delta = c.prev.entries, true
@@ -174,7 +177,7 @@ func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
 	whole := map[string]bool{} // directories written whole: below them, everything is written
 	err := filepath.WalkDir(c.upper, func(abs string, _ fs.DirEntry, err error) error {
 		if err != nil {
-			return err
+			return c.gone(abs, err)
 		}
 		rel, err := filepath.Rel(c.upper, abs)
 		if err != nil || rel == "." {
@@ -182,7 +185,7 @@ func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
 		}
 		e, err := statEntry(abs, racyFrom)
 		if err != nil {
-			return err
+			return c.gone(abs, err)
 		}
 		c.entries[rel] = e
 		c.stats.Entries++
@@ -211,6 +214,16 @@ func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
 	}
 	c.whiteouts(was, whole)
 	return nil
+}
+
+// gone is the walk's error err at abs, or nil when the writers run (live) and abs, below the
+// upper, went since its directory was read (a file renamed over another, a temporary removed):
+// the walk goes on without it, as one after the freeze would.
+func (c *Capture) gone(abs string, err error) error {
+	if c.live && abs != c.upper && errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }
 
 func (c *Capture) write(rel string, e entry, opaque string) {
