@@ -94,8 +94,6 @@ func (c *Container) Checkpoint(o CheckpointOpts) error {
 		if rerr := c.Resume(); rerr != nil && err == nil && !o.Exit {
 			err = rerr
 		}
-	} else if !froze {
-		c.ready.startWanted() // the task runs (a client's pause aside): no thaw to wait for
 	}
 	return err
 }

@@ -112,13 +112,8 @@ func (c *Container) Signal(sig syscall.Signal, all bool) error {
 // Pause freezes the container's cgroup, retrying for a while (freeze.go).
 func (c *Container) Pause() error { return wrap("pause", retryFreeze(c.lc.Pause, freezeTimeout)) }
 
-// Resume thaws the container's cgroup, then starts the CRIU its last dump wanted ahead of the
-// next (criuready.go): the thaw after a dump's capture is the first moment the task runs again.
-func (c *Container) Resume() error {
-	err := c.lc.Resume()
-	c.ready.startWanted()
-	return wrap("resume", err)
-}
+// Resume thaws the container's cgroup.
+func (c *Container) Resume() error { return wrap("resume", c.lc.Resume()) }
 
 // Paused reports whether the container's cgroup is frozen.
 func (c *Container) Paused() bool {

@@ -141,13 +141,23 @@ func (s *swrk) exitError() error {
 	return fmt.Errorf("criu failed: %s", s.state)
 }
 
+// PrepareNextDump starts, in the background, a CRIU ahead of the container's next dump when the
+// dump driver would take that dump (declineContainer). The shim calls it once a leave-running
+// checkpoint or a rollback in place has been answered: a container checkpointed or rolled back is
+// one a client checkpoints again, and a fork and exec started earlier (at the thaw) took the CPU
+// from the checkpoint's commit on two cores (5 ms more, every run).
+func (c *Container) PrepareNextDump() {
+	if c.declineContainer() == "" {
+		c.ready.prepare()
+	}
+}
+
 // readyCRIU is a container's CRIU started ahead of its next dump: at most one, none before its
-// first dump, none once the container is gone.
+// first checkpoint or rollback, none once the container is gone.
 type readyCRIU struct {
 	mu     sync.Mutex
-	next   *pendingSwrk
-	wanted bool // a dump wants the next one, to be started once the task runs (startWanted)
-	ended  bool
+	next  *pendingSwrk
+	ended bool
 }
 
 // pendingSwrk is a CRIU being started in the background.
@@ -155,23 +165,6 @@ type pendingSwrk struct {
 	done chan struct{}
 	s    *swrk
 	err  error
-}
-
-// want asks for the next CRIU, which startWanted starts.
-func (r *readyCRIU) want() {
-	r.mu.Lock()
-	r.wanted = true
-	r.mu.Unlock()
-}
-
-// startWanted starts the CRIU a dump wanted, if any.
-func (r *readyCRIU) startWanted() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.wanted {
-		r.wanted = false
-		r.prepareLocked()
-	}
 }
 
 // prepare starts the next CRIU in the background, unless one is there or the container is gone.

@@ -49,12 +49,9 @@ import (
 // freezer (3.14).
 const minDriverCRIU = 31500
 
-// dump runs the dump o through the driver, or through libcontainer when the driver declines it.
-// After a leave-running dump, whichever ran it, the container's next CRIU is wanted when the
-// driver will take that dump (the first dump of a shim goes to libcontainer, which learns CRIU's
-// version, and the second already finds its CRIU ready); it is started once the task runs again
-// (Checkpoint, Resume), not while it is frozen for the capture: its fork and exec would take CPU
-// from the steps the task waits for.
+// dump runs the dump o through the driver, or through libcontainer when the driver declines it
+// (the first dump of a shim goes to libcontainer, which learns CRIU's version). The CRIU of the
+// container's next dump is started once this one is answered (PrepareNextDump).
 func (c *Container) dump(o *libcontainer.CriuOpts) error {
 	var err error
 	if why := c.declineDump(o); why != "" {
@@ -64,18 +61,20 @@ func (c *Container) dump(o *libcontainer.CriuOpts) error {
 		err = c.driveDump(o)
 	}
 	learnCRIUVersion(c.lc)
-	if o.LeaveRunning && c.declineDump(o) == "" {
-		c.ready.want()
-	}
 	return err
 }
 
 // declineDump says why the driver leaves the dump o to libcontainer, or "".
 func (c *Container) declineDump(o *libcontainer.CriuOpts) string {
-	switch {
-	case o.PreDump || o.LazyPages || o.PageServer.Address != "" || o.ParentImage != "" || o.StatusFd != -1:
+	if o.PreDump || o.LazyPages || o.PageServer.Address != "" || o.ParentImage != "" || o.StatusFd != -1 {
 		return "pre-dump, lazy pages or page server"
-	case knownCRIUVersion.Load() < minDriverCRIU:
+	}
+	return c.declineContainer()
+}
+
+// declineContainer says why the driver leaves every dump of the container to libcontainer, or "".
+func (c *Container) declineContainer() string {
+	if knownCRIUVersion.Load() < minDriverCRIU {
 		return "CRIU version not known yet, or older than 3.15"
 	}
 	for _, n := range c.lc.Config().Networks {

@@ -83,6 +83,10 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	t.mark("after")
 	t.fields["total"] = time.Since(t.start)
 	log.G(ctx).WithFields(t.fields).WithField("id", c.id).Info("checkpoint steps")
+	if !o.Exit {
+		// In the background, beside the answer (runtime/criuready.go).
+		c.engine().PrepareNextDump()
+	}
 	return empty, nil
 }
 

@@ -32,6 +32,7 @@ type engine interface {
 	PrepareDump(work string, options ...string) error
 	Checkpoint(o runtime.CheckpointOpts) error
 	WatchSeized() (*runtime.SeizeWatch, error)
+	PrepareNextDump()
 	Destroy() error
 	Vacate() error
 	Stdio() ([]string, error)

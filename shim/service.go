@@ -521,6 +521,8 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 		if err := s.rollbackInPlace(ctx, c, dir, force); err != nil {
 			return nil, errgrpc.ToGRPC(err)
 		}
+		// A container rolled back is checkpointed again: its CRIU, beside the answer.
+		c.engine().PrepareNextDump()
 		return empty, nil
 	}
 	c.lifecycle.Lock()
