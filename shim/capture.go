@@ -53,12 +53,11 @@ func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapsho
 		return fmt.Errorf("%w: %d entries", errSwitch, c.captured.Len())
 	}
 	t := ck.t
-	cp, lctx, err := ck.frozen(ctx, sn, key, meta, dump, limit, t)
+	cp, rec, lctx, err := ck.frozen(ctx, sn, key, meta, dump, limit, t)
 	if err != nil {
 		return err
 	}
-	rec, err := ck.commit(ctx, lctx, sn, cp, meta)
-	if err != nil {
+	if rec, err = ck.commit(ctx, lctx, sn, cp, rec, meta); err != nil {
 		return err
 	}
 	c.captured = rec
@@ -77,47 +76,63 @@ func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapsho
 }
 
 // frozen dumps and captures while the task's cgroup is frozen, then thaws it unless the client
-// had paused it: whatever fails, the capture is aborted and the task runs on as it was. Only the
-// dump, the walk and the copy of what changed happen while it is frozen. Of the snapshot calls
-// (through containerd), those that find the upper come first, and with limit an estimate of the
-// capture (a walk while the task runs) applies the switch rule before anything is dumped; the
-// capture's snapshot is prepared while the task is frozen and dumped (CRIU's time, which the
-// round trips then cost nothing of), the commit comes once it is thawed. It returns the
-// capture, written, and ctx under the checkpoint's work lease.
-func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (*capture.Capture, context.Context, error) {
+// had paused it: whatever fails, the capture is aborted (its layer removed if it was committed)
+// and the task runs on as it was. Only the dump, the walk and the copy of what changed happen
+// while it is frozen. Of the snapshot calls (through containerd), those that find the upper come
+// first, and with limit an estimate of the capture (a walk while the task runs) applies the
+// switch rule before anything is dumped; the capture's snapshot is prepared while the task is
+// frozen and dumped, and the capture written beside the dump is committed there too (CRIU's
+// time, which the round trips then cost nothing of); a capture written after the dump is
+// committed once the task is thawed. It returns the capture, written, its layer's record if it
+// was committed, and ctx under the checkpoint's work lease.
+func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (*capture.Capture, *capture.Record, context.Context, error) {
 	cp, err := capture.Open(ctx, sn, key, meta.Frozen, ck.c.captured)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	t.mark("open")
 	if limit {
 		if err := ck.switchBeforeDump(cp, t); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
 	p := ck.prepareCapture(ctx, sn, cp)
-	err = ck.whileFrozen(ctx, cp, dump, limit, t, p.wait)
+	eng := ck.c.engine()
+	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: eng.Paused(), prepared: p.wait,
+		watch:  func() (seizeWaiter, error) { return eng.WatchSeized() },
+		commit: func(lctx context.Context) (*capture.Record, error) { return cp.Commit(lctx, sn, layerLabels(meta)) }}
+	err = ck.whileFrozen(ctx, fc, dump, t)
 	lctx, perr := p.wait()
 	if err == nil {
 		err = perr
 	}
 	if err != nil {
-		cp.Abort(ctx, sn)
-		return nil, nil, err
+		if aerr := cp.Abort(ctx, sn); aerr != nil {
+			log.G(ctx).WithError(aerr).Warn("abort the capture: it goes with the work lease")
+		}
+		return nil, nil, nil, err
 	}
-	return cp, lctx, nil
+	return cp, fc.rec, lctx, nil
 }
 
-// commit commits the written capture as the checkpoint's layer and records the checkpoint, or
-// removes both. The image directory's metadata is written while the layer is committed (one
-// file beside a synced transaction of containerd's and one of the snapshotter's); the checkpoint
-// is listed (its lease) only once both are done, so a crash before leaves nothing listed: a
-// metadata file without a lease, or a layer under the work lease, as before.
-func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshotter, cp *capture.Capture, meta checkpoint.Meta) (*capture.Record, error) {
+// layerLabels are the labels of checkpoint meta's frozen layer.
+func layerLabels(meta checkpoint.Meta) map[string]string {
+	return map[string]string{checkpoint.LabelID: meta.ID}
+}
+
+// commit commits the written capture as the checkpoint's layer, unless that was done beside the
+// dump (rec), and records the checkpoint, or removes both. The image directory's metadata is
+// written while the layer is committed (one file beside a synced transaction of containerd's and
+// one of the snapshotter's); the checkpoint is listed (its lease) only once both are done, so a
+// crash before leaves nothing listed: a metadata file without a lease, or a layer under the work
+// lease, as before.
+func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshotter, cp *capture.Capture, rec *capture.Record, meta checkpoint.Meta) (*capture.Record, error) {
 	t := ck.t
 	var err error
 	if meta.Parent, err = ck.baseCheckpoint(ctx, sn, cp.Base()); err != nil {
-		cp.Abort(ctx, sn)
+		if aerr := cp.Abort(ctx, sn); aerr != nil {
+			log.G(ctx).WithError(aerr).Warn("abort the capture: it goes with the work lease")
+		}
 		return nil, err
 	}
 	t.mark("parent")
@@ -128,7 +143,9 @@ func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshot
 		t.fields["metaFile"] = time.Since(start) // beside the commit
 		written <- err
 	}()
-	rec, err := cp.Commit(lctx, sn, map[string]string{checkpoint.LabelID: meta.ID})
+	if rec == nil {
+		rec, err = cp.Commit(lctx, sn, layerLabels(meta))
+	}
 	werr := <-written
 	t.mark("commit")
 	if err == nil && werr == nil {
@@ -138,7 +155,7 @@ func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshot
 		return rec, nil
 	}
 	if rec != nil {
-		if rerr := sn.Remove(context.WithoutCancel(ctx), meta.Frozen); rerr != nil {
+		if rerr := cp.Abort(ctx, sn); rerr != nil {
 			log.G(ctx).WithError(rerr).WithField("frozen", meta.Frozen).Warn("remove the unrecorded capture")
 		}
 	}
@@ -153,12 +170,11 @@ func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshot
 // (KeepFrozen: CRIU freezes it at its seize when it can, runtime.Container.Checkpoint first
 // otherwise), so the task runs on through CRIU's start; "frozen" then counts from the dump's
 // start, an upper bound. The capture runs beside the dump from the moment CRIU holds every
-// thread of the task (besideDump), else after it; either way it is kept only if the dump
-// succeeded and left the cgroup frozen.
-func (ck *checkpointRun) whileFrozen(ctx context.Context, cp *capture.Capture, dump func() error, limit bool, t *steps, prepared func() (context.Context, error)) (err error) {
+// thread of the task (besideDump), and is committed there once written, else it runs after the
+// dump; either way it is kept only if the dump succeeded and left the cgroup frozen.
+func (ck *checkpointRun) whileFrozen(ctx context.Context, fc *frozenCapture, dump func() error, t *steps) (err error) {
 	eng := ck.c.engine()
-	clientPaused := eng.Paused()
-	if !clientPaused {
+	if !fc.clientPaused {
 		start := time.Now()
 		if dump == nil || ck.opts.Exit {
 			if err := eng.Pause(); err != nil {
@@ -175,12 +191,11 @@ func (ck *checkpointRun) whileFrozen(ctx context.Context, cp *capture.Capture, d
 			t.fields["frozen"] = time.Since(start) // what the task saw of the checkpoint
 		}()
 	}
-	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: clientPaused, prepared: prepared}
 	defer fc.log(t)
 	if dump == nil {
 		return fc.run()
 	}
-	bd := startBesideDump(ctx, func() (seizeWaiter, error) { return eng.WatchSeized() }, fc.run)
+	bd := startBesideDump(ctx, fc.watch, fc.runAndCommit)
 	t.mark("watch")
 	derr := dump()
 	t.mark("dump")
@@ -201,13 +216,18 @@ func (ck *checkpointRun) whileFrozen(ctx context.Context, cp *capture.Capture, d
 }
 
 // frozenCapture is the part of a capture that needs the task still: the walk of its upper, the
-// switch rule and the write of what changed, once the capture's snapshot is prepared.
+// switch rule and the write of what changed, once the capture's snapshot is prepared; beside
+// the dump, the commit of what it wrote follows.
 type frozenCapture struct {
-	cp                     *capture.Capture
-	limit, clientPaused    bool
-	prepared               func() (context.Context, error)
-	beside                 bool // it ran beside the dump
-	waited, walked, copied time.Duration
+	cp                  *capture.Capture
+	limit, clientPaused bool
+	prepared            func() (context.Context, error) // ctx under the work lease
+	watch               func() (seizeWaiter, error)     // when CRIU holds the task (runtime.SeizeWatch)
+	commit              func(context.Context) (*capture.Record, error)
+	beside              bool            // it ran beside the dump
+	rec                 *capture.Record // its layer, committed beside the dump
+	waited, walked      time.Duration
+	copied, committed   time.Duration
 }
 
 func (fc *frozenCapture) run() error {
@@ -234,10 +254,32 @@ func (fc *frozenCapture) run() error {
 	return nil
 }
 
+// runAndCommit is run beside the dump, then the commit of the written capture as the layer: the
+// task's files are already held until the thaw, and committing here takes containerd's and the
+// snapshotter's synced transactions off the time after it. A dump that then fails, or a cgroup
+// found thawed, drops the layer (frozen's Abort), unlisted.
+func (fc *frozenCapture) runAndCommit() error {
+	if err := fc.run(); err != nil {
+		return err
+	}
+	start := time.Now()
+	lctx, _ := fc.prepared() // run waited for it, and failed if it had
+	rec, err := fc.commit(lctx)
+	fc.committed = time.Since(start)
+	if err != nil {
+		return err
+	}
+	fc.rec = rec
+	return nil
+}
+
 // log adds the capture's steps and what it saw to the checkpoint's log line.
 func (fc *frozenCapture) log(t *steps) {
 	st := fc.cp.Stats()
 	t.fields["prepared"], t.fields["walk"], t.fields["write"], t.fields["besideDump"] = fc.waited, fc.walked, fc.copied, fc.beside
+	if fc.rec != nil {
+		t.fields["commitBeside"] = fc.committed
+	}
 	t.fields["entries"], t.fields["writes"], t.fields["bytes"], t.fields["delta"] = st.Entries, st.Writes, st.Bytes, st.Delta
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/errdefs"
 
 	"github.com/cklite/cklite/runtime"
 	"github.com/cklite/cklite/snapshotter"
@@ -41,13 +42,15 @@ func (e *freezerEngine) Checkpoint(o runtime.CheckpointOpts) error {
 // client had paused it; a leave-running dump freezes it itself (the shim does not pause it
 // first: the dump's own start stays out of the task's downtime), a dump with Exit is frozen first;
 // a failed dump, a dump that thawed the cgroup and the switch rule each end the capture with the
-// task as it was before the checkpoint.
+// task as it was before the checkpoint. A capture beside the dump (CRIU held the task) is
+// committed there; one after it is left to the caller to commit; a failure after the commit
+// leaves the layer to the caller's Abort, which removes it.
 func TestWhileFrozen(t *testing.T) {
 	dumpErr := errors.New("CRIU failed")
 	for _, tc := range []struct {
 		name                string
 		clientPaused, thaws bool
-		exit                bool
+		exit, beside        bool
 		dumpErr             error
 		size                int   // bytes written to the upper
 		fails               bool  // the capture ends without writing
@@ -61,16 +64,31 @@ func TestWhileFrozen(t *testing.T) {
 		{name: "dump thaws", thaws: true, fails: true, wantCalls: []string{"Checkpoint", "Resume"}},
 		{name: "paused with a large upper", clientPaused: true, size: switchDiffBytes + 1, fails: true, want: errSwitch, wantCalls: []string{"Checkpoint"}},
 		{name: "running with a large upper", size: switchDiffBytes + 1, wantCalls: []string{"Checkpoint", "Resume"}},
+		{name: "beside the dump", beside: true, wantCalls: []string{"Checkpoint", "Resume"}},
+		{name: "beside the dump with exit", beside: true, exit: true, wantCalls: []string{"Pause", "Checkpoint", "Resume"}},
+		{name: "beside a dump that fails", beside: true, dumpErr: dumpErr, fails: true, want: dumpErr, wantCalls: []string{"Checkpoint", "Resume"}},
+		{name: "beside a dump that thaws", beside: true, thaws: true, fails: true, wantCalls: []string{"Checkpoint", "Resume"}},
+		{name: "beside the dump and paused with a large upper", beside: true, clientPaused: true, size: switchDiffBytes + 1, fails: true, want: errSwitch, wantCalls: []string{"Checkpoint"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cp := testCapture(t, tc.size)
+			cp, sn := testCapture(t, tc.size)
 			eng := &freezerEngine{fakeEngine: newFakeEngine(t, "c"), paused: tc.clientPaused, dumpThaws: tc.thaws}
 			eng.fail["Checkpoint"] = tc.dumpErr
 			ck := &checkpointRun{c: &container{eng: eng}, opts: &options.CheckpointOptions{Exit: tc.exit}}
 			dump := func() error {
 				return ck.c.engine().Checkpoint(runtime.CheckpointOpts{Exit: tc.exit, KeepFrozen: true})
 			}
-			err := ck.whileFrozen(context.Background(), cp, dump, true, newSteps(), func() (context.Context, error) { return context.Background(), nil })
+			ctx := context.Background()
+			fc := &frozenCapture{cp: cp, limit: true, clientPaused: tc.clientPaused,
+				prepared: func() (context.Context, error) { return ctx, nil },
+				watch:    func() (seizeWaiter, error) { return nil, errors.New("no freezer cgroup") },
+				commit:   func(ctx context.Context) (*capture.Record, error) { return cp.Commit(ctx, sn, nil) }}
+			if tc.beside {
+				fc.watch = func() (seizeWaiter, error) {
+					return waiterFunc(func(<-chan struct{}) (bool, error) { return true, nil }), nil
+				}
+			}
+			err := ck.whileFrozen(ctx, fc, dump, newSteps())
 			if (err != nil) != tc.fails || tc.want != nil && !errors.Is(err, tc.want) {
 				t.Fatalf("whileFrozen: %v, want it to fail: %t (%v)", err, tc.fails, tc.want)
 			}
@@ -80,12 +98,23 @@ func TestWhileFrozen(t *testing.T) {
 			if got := eng.called(); !slices.Equal(got, tc.wantCalls) {
 				t.Fatalf("engine calls %v, want %v", got, tc.wantCalls)
 			}
+			committed := tc.beside && tc.want != errSwitch
+			if _, serr := sn.Stat(ctx, "layer"); (serr == nil) != committed || (fc.rec != nil) != committed {
+				t.Fatalf("layer: %v, record %v; want it committed: %t", serr, fc.rec, committed)
+			}
+			if err := cp.Abort(ctx, sn); err != nil && committed {
+				t.Fatalf("abort: %v", err)
+			}
+			if _, serr := sn.Stat(ctx, "layer"); !errdefs.IsNotFound(serr) {
+				t.Fatalf("layer after the abort: %v, want not found", serr)
+			}
 		})
 	}
 }
 
-// testCapture prepares the capture of an active snapshot without parent holding size bytes.
-func testCapture(t *testing.T, size int) *capture.Capture {
+// testCapture prepares the capture of an active snapshot without parent holding size bytes, as
+// the layer "layer" of the snapshotter it returns.
+func testCapture(t *testing.T, size int) (*capture.Capture, *snapshotter.Snapshotter) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root: the snapshotter's directories")
 	}
@@ -109,7 +138,7 @@ func testCapture(t *testing.T, size int) *capture.Capture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cp
+	return cp, sn
 }
 
 // waiterFunc is a seizeWaiter.

@@ -20,14 +20,23 @@ func (c *Capture) Write() error {
 // capture of the same upper compares with. On failure the capture is aborted.
 func (c *Capture) Commit(ctx context.Context, sn snapshots.Snapshotter, labels map[string]string) (*Record, error) {
 	if err := sn.Commit(ctx, c.name, c.tmp, snapshots.WithLabels(labels)); err != nil {
-		c.Abort(ctx, sn)
+		_ = c.Abort(ctx, sn)
 		return nil, fmt.Errorf("capturing %s: commit %s as %s: %w", c.key, c.tmp, c.name, err)
 	}
+	c.committed = true
 	return &Record{Key: c.key, Parent: c.parent, Upper: c.upper, Layer: c.name, Labels: labels, Size: c.stats.Size, use: c.use, entries: c.entries}, nil
 }
 
-// Abort removes the capture's snapshot. What it cannot remove (the snapshotter is gone) stays
-// under the caller's lease, and goes with it.
-func (c *Capture) Abort(ctx context.Context, sn snapshots.Snapshotter) {
-	_ = sn.Remove(context.WithoutCancel(ctx), c.tmp)
+// Abort removes the capture's snapshot, or once committed its layer (a checkpoint that failed
+// after the commit). What it cannot remove (the snapshotter is gone) stays under the caller's
+// lease, and goes with it; the error says what stayed.
+func (c *Capture) Abort(ctx context.Context, sn snapshots.Snapshotter) error {
+	name := c.tmp
+	if c.committed {
+		name = c.name
+	}
+	if err := sn.Remove(context.WithoutCancel(ctx), name); err != nil {
+		return fmt.Errorf("capturing %s: remove %s: %w", c.key, name, err)
+	}
+	return nil
 }

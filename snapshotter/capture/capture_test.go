@@ -354,16 +354,32 @@ func must(t testing.TB, err error) {
 	}
 }
 
-// TestCaptureAbort: an aborted capture leaves no snapshot.
+// TestCaptureAbort: an aborted capture leaves no snapshot, before its commit or after it (a
+// checkpoint that failed once its layer was committed).
 func TestCaptureAbort(t *testing.T) {
-	e := newEnv(t)
-	c, err := e.prepare("aborted", nil)
-	must(t, err)
-	must(t, c.Walk())
-	c.Abort(e.ctx, e.sn)
-	for _, name := range []string{"cklite/capturing/aborted", "aborted"} {
-		if _, err := e.sn.Stat(e.ctx, name); !errdefs.IsNotFound(err) {
-			t.Fatalf("after Abort, snapshot %s: %v, want not found", name, err)
-		}
+	for _, tc := range []struct {
+		name   string
+		commit bool
+	}{
+		{name: "written"},
+		{name: "committed", commit: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			c, err := e.prepare("aborted", nil)
+			must(t, err)
+			must(t, c.Walk())
+			must(t, c.Write())
+			if tc.commit {
+				_, err := c.Commit(e.ctx, e.sn, nil)
+				must(t, err)
+			}
+			must(t, c.Abort(e.ctx, e.sn))
+			for _, name := range []string{"cklite/capturing/aborted", "aborted"} {
+				if _, err := e.sn.Stat(e.ctx, name); !errdefs.IsNotFound(err) {
+					t.Fatalf("after Abort, snapshot %s: %v, want not found", name, err)
+				}
+			}
+		})
 	}
 }

@@ -19,7 +19,7 @@ import (
 // Capture is one capture of an active snapshot's upper, in the steps a checkpoint needs: Open
 // and Prepare (the snapshot calls, while the task runs; Estimate, to decide whether to capture
 // at all), Walk and Write (while its writers are still: a frozen cgroup), Commit (the snapshot
-// calls again, once the task runs again), or Abort.
+// calls again, once written: it needs the writers no longer), or Abort (before or after Commit).
 type Capture struct {
 	key, upper string
 	parent     string           // key's parent
@@ -36,6 +36,8 @@ type Capture struct {
 	// live: the upper's writers run (Estimate), so an entry may go between its directory's read
 	// and its own; the walk leaves it out.
 	live bool
+	// committed: Commit made the layer, which Abort then removes.
+	committed bool
 }
 
 // Stats measure a capture: what the walk saw and what the capture writes.
@@ -123,7 +125,7 @@ func (c *Capture) Prepare(ctx context.Context, sn snapshots.Snapshotter) error {
 func (c *Capture) prepared(ctx context.Context, sn snapshots.Snapshotter, ms []mount.Mount) error {
 	var err error
 	if c.to, err = freeze.UpperDir(c.tmp, ms); err != nil {
-		c.Abort(ctx, sn)
+		_ = c.Abort(ctx, sn)
 		return err
 	}
 	return nil
