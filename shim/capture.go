@@ -100,7 +100,14 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 	eng := ck.c.engine()
 	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: eng.Paused(), prepared: p.wait,
 		watch:  func() (seizeWaiter, error) { return eng.WatchSeized() },
-		commit: func(lctx context.Context) (*capture.Record, error) { return cp.Commit(lctx, sn, layerLabels(meta)) }}
+		commit: func(lctx context.Context) (*capture.Record, error) {
+			rec, err := cp.Commit(lctx, sn, layerLabels(meta))
+			if err == nil {
+				// The lineage too goes beside the dump, off the time after the thaw.
+				ck.startDescend(ctx, meta)
+			}
+			return rec, err
+		}}
 	err = ck.whileFrozen(ctx, fc, dump, t)
 	lctx, perr := p.wait()
 	if err == nil {

@@ -100,6 +100,12 @@ type checkpointRun struct {
 	lease      *workLease
 	dumped     bool   // dump has written the image directory
 	t          *steps // the time each step took, logged once the checkpoint is answered
+	// descended is closed once the container's lineage names the checkpoint (descend, started
+	// by startDescend), lineage is the one it had before; listed says the checkpoint's lease
+	// was created.
+	descended chan struct{}
+	lineage   string
+	listed    bool
 }
 
 func (ck *checkpointRun) run(ctx context.Context, ns string) (err error) {
@@ -109,7 +115,16 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) (err error) {
 	}
 	ck.lease = startWorkLease(ctx, ck.lm)
 	defer func() { ck.lease.end(ctx, err == nil) }()
-	rs, err := ck.s.daemon.containerRootfs(ctx, ns, c.id)
+	defer ck.undescend(ctx)
+	// The container's record is read from containerd beside the preparation of the dump, which
+	// does not need it, when the spec alone asks for memory: the record's labels can say
+	// otherwise (rarely), and a preparation they make useless is undone.
+	record := ck.readRecord(ctx, ns)
+	var dump *dumpPrep
+	if want, err := checkpoint.RequestedContents(c.spec.Annotations, nil); err == nil && want.HasMemory() {
+		dump = ck.prepareDump()
+	}
+	rs, err := record()
 	if err != nil {
 		return err
 	}
@@ -149,25 +164,17 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) (err error) {
 			c.id, checkpoint.ContentsKey, checkpoint.MemoryOnly, errdefs.ErrFailedPrecondition)
 	}
 	ck.t.mark("meta")
-	if contents.HasMemory() {
-		execOpts, err := c.captureExecs(ck.path)
-		if err != nil {
-			return err
+	switch {
+	case contents.HasMemory():
+		if dump == nil {
+			dump = ck.prepareDump()
 		}
-		ck.t.mark("execs")
-		meta.Dump.ExternalNetNS = c.engine().HasNetNS()
-		if meta.Dump.NetworkLock, err = networkLock(c.init.getPid(), meta.Dump.ExternalNetNS); err != nil {
-			return err
+		if dump.err != nil {
+			return dump.err
 		}
-		ck.t.mark("netlock")
-		opts := append(dumpCRIUOptions(meta.Dump), execOpts...)
-		// The dump's CRIU configuration goes to the same file of the bundle every time (not
-		// into the work directory, which a client names anew for each checkpoint): the engine's
-		// configuration then stays as it is.
-		if err := c.engine().PrepareDump(filepath.Join(c.bundle, "criu-dump"), opts...); err != nil {
-			return err
-		}
-		ck.t.mark("prepareDump")
+		meta.Dump = dump.flags
+	case dump != nil:
+		removeExecStdio(ck.path)
 	}
 	if contents == checkpoint.MemoryOnly {
 		if err := c.engine().Checkpoint(ck.criuOpts(ck.opts.Exit)); err != nil {
@@ -204,6 +211,63 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) (err error) {
 		}
 	}
 	return ck.withRootfs(ctx, sn, rs.key, meta)
+}
+
+// readRecord reads the container's record from containerd in the background; the function
+// returned waits for it.
+func (ck *checkpointRun) readRecord(ctx context.Context, ns string) func() (rootfsSnapshot, error) {
+	type read struct {
+		rs  rootfsSnapshot
+		err error
+	}
+	done := make(chan read, 1)
+	go func() {
+		rs, err := ck.s.daemon.containerRootfs(ctx, ns, ck.c.id)
+		done <- read{rs, err}
+	}()
+	return func() (rootfsSnapshot, error) {
+		r := <-done
+		return r.rs, r.err
+	}
+}
+
+// dumpPrep is a prepared CRIU dump: its flags, or why it cannot be taken.
+type dumpPrep struct {
+	flags checkpoint.DumpFlags
+	err   error
+}
+
+// prepareDump prepares CRIU's dump of the container: the stdio of its execs recorded into the
+// image directory, the network lock chosen, the engine's dump configuration written.
+func (ck *checkpointRun) prepareDump() *dumpPrep {
+	c := ck.c
+	d := &dumpPrep{flags: dumpFlags(ck.opts)}
+	execOpts, err := c.captureExecs(ck.path)
+	if err != nil {
+		d.err = err
+		return d
+	}
+	ck.t.mark("execs")
+	d.flags.ExternalNetNS = c.engine().HasNetNS()
+	if d.flags.NetworkLock, d.err = networkLock(c.init.getPid(), d.flags.ExternalNetNS); d.err != nil {
+		return d
+	}
+	ck.t.mark("netlock")
+	opts := append(dumpCRIUOptions(d.flags), execOpts...)
+	// The dump's CRIU configuration goes to the same file of the bundle every time (not into the
+	// work directory, which a client names anew for each checkpoint): the engine's configuration
+	// then stays as it is.
+	d.err = c.engine().PrepareDump(filepath.Join(c.bundle, "criu-dump"), opts...)
+	ck.t.mark("prepareDump")
+	return d
+}
+
+// removeExecStdio removes what prepareDump wrote into the image directory dir, for a checkpoint
+// without memory; the dump's configuration stays, for the next dump.
+func removeExecStdio(dir string) {
+	if err := os.Remove(filepath.Join(dir, execStdioFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.L.WithError(err).Warn("remove the stdio record of a checkpoint without memory")
+	}
 }
 
 // dump is CRIU's dump of the task, which leaves it frozen (KeepFrozen), or with Exit kills it.
@@ -334,26 +398,47 @@ func (ck *checkpointRun) writeMeta(meta *checkpoint.Meta) error {
 
 // list creates the checkpoint's lease, which lists it, once its metadata is written and its
 // layer committed, and records that the container descends from it. The lineage is set beside
-// the lease (two containerd round trips at once) and set back if the lease fails: a crash in
-// between leaves a lineage naming an unlisted checkpoint, which refuses no rollback the lineage
-// before it allowed but for one that the oldest entry, pushed out, allowed (--force-foreign).
+// the lease (two containerd round trips at once), or before it, beside CRIU's dump, once a
+// capture's layer is committed there (startDescend); it is set back if the checkpoint is not
+// listed (undescend): a crash in between leaves a lineage naming an unlisted checkpoint, which
+// refuses no rollback the lineage before it allowed but for one that the oldest entry, pushed
+// out, allowed (--force-foreign).
 func (ck *checkpointRun) list(ctx context.Context, meta checkpoint.Meta) error {
 	// Only a directory the client named outlives the call; the daemon's temporary one does not.
 	rec := checkpoint.Record{Meta: meta, ImagePath: ck.opts.ImagePath}
-	descended := make(chan struct{})
-	go func() {
-		defer close(descended)
-		ck.s.descend(ctx, ck.c.id, meta)
-	}()
+	ck.startDescend(ctx, meta)
 	_, err := checkpoint.Hold(ctx, ck.lm, rec)
-	<-descended
+	<-ck.descended
 	ck.t.mark("listed")
 	if err != nil {
 		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
-		ck.s.recordLineage(ctx, ck.c.id, checkpoint.ParseLineage(meta.Lineage))
 		return err
 	}
+	ck.listed = true
 	return nil
+}
+
+// startDescend records, in the background, that the container descends from checkpoint meta,
+// unless that was started already.
+func (ck *checkpointRun) startDescend(ctx context.Context, meta checkpoint.Meta) {
+	if ck.descended != nil {
+		return
+	}
+	ck.descended, ck.lineage = make(chan struct{}), meta.Lineage
+	go func() {
+		defer close(ck.descended)
+		ck.s.descend(ctx, ck.c.id, meta)
+	}()
+}
+
+// undescend sets the container's lineage back to what it was before the checkpoint, once its
+// recording (startDescend) has ended, when the checkpoint was not listed.
+func (ck *checkpointRun) undescend(ctx context.Context) {
+	if ck.descended == nil || ck.listed {
+		return
+	}
+	<-ck.descended
+	ck.s.recordLineage(context.WithoutCancel(ctx), ck.c.id, checkpoint.ParseLineage(ck.lineage))
 }
 
 // descend records that container id's state now descends from checkpoint meta (taken of it,

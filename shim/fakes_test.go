@@ -169,7 +169,8 @@ func (fakeSnapshotter) Mounts(context.Context, string) ([]mount.Mount, error) { 
 
 type fakeLeases struct {
 	leases.Manager
-	recorded []leases.Lease
+	recorded  []leases.Lease
+	createErr error // what Create fails with, if anything
 }
 
 // List returns the recorded leases a filter names by id (`id==...`), the only lookup the shim
@@ -184,8 +185,11 @@ func (f fakeLeases) List(_ context.Context, fs ...string) ([]leases.Lease, error
 	return out, nil
 }
 
-func (fakeLeases) Create(_ context.Context, opts ...leases.Opt) (leases.Lease, error) {
+func (f fakeLeases) Create(_ context.Context, opts ...leases.Opt) (leases.Lease, error) {
 	var l leases.Lease
+	if f.createErr != nil {
+		return l, f.createErr
+	}
 	for _, o := range opts {
 		if err := o(&l); err != nil {
 			return l, err
