@@ -50,7 +50,12 @@ func (r *reaper) run(ctx context.Context) {
 	}()
 }
 
-// hold suspends reaping until the returned release is called.
+// hold suspends reaping until the returned release is called. The last release catches up with
+// the SIGCHLDs that came meanwhile in the background: a look at every thread's children and a
+// wait for each (a millisecond or more on a loaded host) would otherwise delay the answer of the
+// call that held it (a checkpoint's, a rollback's). A hold taken before that reap runs makes it
+// stand aside again; one taken while it runs waits for it (the lock), so a child forked under
+// a hold is never seen by it.
 func (r *reaper) hold() (release func()) {
 	r.mu.Lock()
 	r.holds++
@@ -63,7 +68,7 @@ func (r *reaper) hold() (release func()) {
 			catchUp := r.holds == 0 && r.pending
 			r.mu.Unlock()
 			if catchUp {
-				r.reap()
+				go r.reap()
 			}
 		})
 	}
