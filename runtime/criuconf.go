@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -86,11 +87,21 @@ func WithCRIUOptions(cfg *configs.Config, dir string, options ...string) error {
 		return fmt.Errorf("CRIU work directory: %w", err)
 	}
 	conf := filepath.Join(dir, "cklite-criu.conf")
-	if err := os.WriteFile(conf, data, 0o600); err != nil {
+	if err := writeIfChanged(conf, data); err != nil {
 		return fmt.Errorf("write CRIU configuration: %w", err)
 	}
 	cfg.Labels = append(labels, criuConfigLabel+"="+conf, originalCRIUConfigLabel+"="+original)
 	return nil
+}
+
+// writeIfChanged writes data to the file path unless it holds it already: a dump's configuration
+// is the same from one checkpoint of a container to the next (one file of the bundle), and
+// reading it back costs less than truncating and writing it on every checkpoint.
+func writeIfChanged(path string, data []byte) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	return os.WriteFile(path, data, 0o600)
 }
 
 // ownCRIUConfig returns labels without the CRIU configuration labels, and the container's own

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/utils"
@@ -58,6 +59,48 @@ func TestWithCRIUOptions(t *testing.T) {
 			}
 			if resetCRIUOptions(cfg) {
 				t.Errorf("a second reset found options to remove: %q", cfg.Labels)
+			}
+		})
+	}
+}
+
+// TestWriteIfChanged: the configuration file is written when absent or different, and left
+// alone (its modification time) when it holds the same options already.
+func TestWriteIfChanged(t *testing.T) {
+	old := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name        string
+		before      *string // the file's contents before; nil: absent
+		data        string
+		wantWritten bool
+	}{
+		{name: "absent", data: "leave-frozen\n", wantWritten: true},
+		{name: "same", before: ptr("leave-frozen\n"), data: "leave-frozen\n"},
+		{name: "changed", before: ptr("leave-frozen\n"), data: "leave-frozen\nnetwork-lock skip\n", wantWritten: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "c.conf")
+			if tc.before != nil {
+				if err := os.WriteFile(path, []byte(*tc.before), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chtimes(path, old, old); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := writeIfChanged(path, []byte(tc.data)); err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(path)
+			if err != nil || string(got) != tc.data {
+				t.Fatalf("contents %q, %v; want %q", got, err, tc.data)
+			}
+			fi, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if written := !fi.ModTime().Equal(old); written != tc.wantWritten {
+				t.Fatalf("written: %t, want %t", written, tc.wantWritten)
 			}
 		})
 	}
