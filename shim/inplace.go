@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer/configs"
@@ -29,6 +30,9 @@ type inPlace struct {
 
 	sn  snapshots.Snapshotter
 	key string // the container's rootfs snapshot
+	// mounts, if set, are key's, as the switch that prepared it was answered: the remount does
+	// not ask the snapshotter for them again.
+	mounts []mount.Mount
 
 	dump    checkpoint.DumpFlags   // how the images to restore were dumped
 	restore runtime.CheckpointOpts // CRIU's options for their restore
@@ -108,7 +112,12 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 		}
 		ip.mark("unmount")
 	}
+	var ahead *engineAhead
 	if res.switched == nil {
+		if !ip.exit {
+			ahead = ip.makeEngineAhead(held, paused)
+			defer ahead.drop()
+		}
 		res.switched = ip.switchRootfs(ctx)
 		ip.mark("switch")
 	}
@@ -123,7 +132,7 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 		res.stopped = res.switched
 	default:
 		if _, res.stopped = c.init.transition(ip.what, statusRestoring); res.stopped == nil {
-			res.stopped = ip.restoreTask(ctx, held, paused)
+			res.stopped = ip.restoreTask(ctx, held, paused, ahead)
 		}
 	}
 	held.execs.settle(ip.s, c)
@@ -157,6 +166,9 @@ func (ip *inPlace) stoppedExit(ctx context.Context, exited <-chan int) int {
 
 // remount mounts the container's snapshot key again at <bundle>/rootfs.
 func (ip *inPlace) remount(ctx context.Context) error {
+	if ip.mounts != nil {
+		return ip.c.mountRootfs(ip.mounts)
+	}
 	mounts, err := ip.sn.Mounts(ctx, ip.key)
 	if err != nil {
 		return fmt.Errorf("mounts of %s: %w", ip.key, err)
@@ -165,32 +177,21 @@ func (ip *inPlace) remount(ctx context.Context) error {
 }
 
 // restoreTask brings the stopped processes back in the same container, on the rootfs's current
-// layers, with the stdio and network namespace held for them; paused, if they were.
-func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool) error {
+// layers, with the stdio and network namespace held for them; paused, if they were. Its engine is
+// ahead's if the cycle made one while the rootfs switched.
+func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool, ahead *engineAhead) error {
 	c := ip.c
 	if err := ip.remount(ctx); err != nil {
 		return err
 	}
 	ip.mark("mount")
-	eng, err := c.newEngine(func(cfg *configs.Config) error {
-		// The container's hooks ran when it was created; run again, a CNI hook would add a
-		// second interface to the namespace that still has the first. Its poststop hooks are
-		// the task's delete's: this engine is the one deleted then.
-		cfg.Hooks = configs.Hooks{configs.Poststop: cfg.Hooks[configs.Poststop]}
-		if named, _ := runtime.SpecNetNS(cfg); hold.netns != nil && !named {
-			runtime.WithNetNS(cfg, hold.netns)
-		}
-		opts := append(dumpCRIUOptions(ip.dump), hold.execs.options...)
-		if paused {
-			// The client paused the task around the checkpoint and will resume it: it must
-			// not run between CRIU's restore and the freeze.
-			opts = append(opts, runtime.LeaveStopped)
-		}
-		if len(opts) == 0 {
-			return nil
-		}
-		return runtime.WithCRIUOptions(cfg, ip.restore.WorkPath, opts...)
-	})
+	var eng engine
+	var err error
+	if ahead != nil {
+		eng, err = ahead.take()
+	} else {
+		eng, err = ip.newEngine(hold, paused)
+	}
 	if err != nil {
 		return err
 	}
@@ -251,6 +252,69 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool)
 		}
 	}
 	return nil
+}
+
+// newEngine makes the engine the processes are restored into: the container's configuration,
+// without the hooks that ran at its creation, on the held network namespace, with CRIU's options
+// for the images (and paused, left stopped).
+func (ip *inPlace) newEngine(hold *taskHold, paused bool) (engine, error) {
+	return ip.c.newEngine(func(cfg *configs.Config) error {
+		// The container's hooks ran when it was created; run again, a CNI hook would add a
+		// second interface to the namespace that still has the first. Its poststop hooks are
+		// the task's delete's: this engine is the one deleted then.
+		cfg.Hooks = configs.Hooks{configs.Poststop: cfg.Hooks[configs.Poststop]}
+		if named, _ := runtime.SpecNetNS(cfg); hold.netns != nil && !named {
+			runtime.WithNetNS(cfg, hold.netns)
+		}
+		opts := append(dumpCRIUOptions(ip.dump), hold.execs.options...)
+		if paused {
+			// The client paused the task around the checkpoint and will resume it: it must
+			// not run between CRIU's restore and the freeze.
+			opts = append(opts, runtime.LeaveStopped)
+		}
+		if len(opts) == 0 {
+			return nil
+		}
+		return runtime.WithCRIUOptions(cfg, ip.restore.WorkPath, opts...)
+	})
+}
+
+// engineAhead is the restore's engine made while the rootfs switches: neither needs the other
+// (the engine is the configuration converted, CRIU's configuration file written and libcontainer's
+// state created, all on the shim's side; the switch waits on containerd's transactions), and the
+// old engine, whose state and cgroups have the same names, is gone by then.
+type engineAhead struct {
+	done  chan struct{}
+	eng   engine
+	err   error
+	taken bool
+}
+
+func (ip *inPlace) makeEngineAhead(hold *taskHold, paused bool) *engineAhead {
+	a := &engineAhead{done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.eng, a.err = ip.newEngine(hold, paused)
+	}()
+	return a
+}
+
+// take waits for the engine; the caller owns it then.
+func (a *engineAhead) take() (engine, error) {
+	<-a.done
+	a.taken = true
+	return a.eng, a.err
+}
+
+// drop vacates the engine if nobody took it: the switch failed, or the remount.
+func (a *engineAhead) drop() {
+	if a.taken {
+		return
+	}
+	<-a.done
+	if a.err == nil {
+		_ = a.eng.Vacate()
+	}
 }
 
 // taskHold is what an in-place cycle gives back to a task whose processes are gone: its stdio
