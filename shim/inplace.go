@@ -30,8 +30,8 @@ type inPlace struct {
 
 	sn  snapshots.Snapshotter
 	key string // the container's rootfs snapshot
-	// mounts, if set, are key's, as the switch that prepared it was answered: the remount does
-	// not ask the snapshotter for them again.
+	// mounts, if set, are key's, as the switch that prepared it answered: the remount does not
+	// ask the snapshotter for them again.
 	mounts []mount.Mount
 
 	dump    checkpoint.DumpFlags   // how the images to restore were dumped
@@ -102,6 +102,8 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	c.captured = nil
 
 	res := inPlaceResult{release: func() {}}
+	// The CRIU the old engine started ahead of its next dump serves the new engine's.
+	kept := eng.KeepReadyCRIU()
 	res.switched = eng.Vacate() // its poststop hooks run at the task's delete, once
 	ip.mark("destroy")
 	if res.switched == nil {
@@ -112,11 +114,12 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 		}
 		ip.mark("unmount")
 	}
-	var ahead *engineAhead
 	if res.switched == nil {
 		if !ip.exit {
-			ahead = ip.makeEngineAhead(held, paused)
-			defer ahead.drop()
+			// The restore's first cgroup attach waits for a grace period: started now, it runs
+			// beside the switch (runtime.WarmAttach). Not before the engine's destroy: the write
+			// that waits holds the cgroup mutex, which the removal of its cgroups needs.
+			runtime.WarmAttach()
 		}
 		res.switched = ip.switchRootfs(ctx)
 		ip.mark("switch")
@@ -132,16 +135,18 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 		res.stopped = res.switched
 	default:
 		if _, res.stopped = c.init.transition(ip.what, statusRestoring); res.stopped == nil {
-			res.stopped = ip.restoreTask(ctx, held, paused, ahead)
+			res.stopped = ip.restoreTask(ctx, held, paused)
 		}
 	}
 	held.execs.settle(ip.s, c)
 	c.init.endHandover()
 	ip.mark("started")
 	if exits || res.stopped != nil {
+		kept.End()
 		ip.s.initExited(c, c.init, pid, code)
 		return res, nil
 	}
+	c.engine().AdoptReadyCRIU(kept)
 	log.G(ctx).WithFields(log.Fields{
 		"stop": stopped, "switch": switched, "restore": time.Since(start) - stopped - switched,
 	}).Infof("%s: task restored in place", ip.what)
@@ -177,21 +182,32 @@ func (ip *inPlace) remount(ctx context.Context) error {
 }
 
 // restoreTask brings the stopped processes back in the same container, on the rootfs's current
-// layers, with the stdio and network namespace held for them; paused, if they were. Its engine is
-// ahead's if the cycle made one while the rootfs switched.
-func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool, ahead *engineAhead) error {
+// layers, with the stdio and network namespace held for them; paused, if they were.
+func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool) error {
 	c := ip.c
 	if err := ip.remount(ctx); err != nil {
 		return err
 	}
 	ip.mark("mount")
-	var eng engine
-	var err error
-	if ahead != nil {
-		eng, err = ahead.take()
-	} else {
-		eng, err = ip.newEngine(hold, paused)
-	}
+	eng, err := c.newEngine(func(cfg *configs.Config) error {
+		// The container's hooks ran when it was created; run again, a CNI hook would add a
+		// second interface to the namespace that still has the first. Its poststop hooks are
+		// the task's delete's: this engine is the one deleted then.
+		cfg.Hooks = configs.Hooks{configs.Poststop: cfg.Hooks[configs.Poststop]}
+		if named, _ := runtime.SpecNetNS(cfg); hold.netns != nil && !named {
+			runtime.WithNetNS(cfg, hold.netns)
+		}
+		opts := append(dumpCRIUOptions(ip.dump), hold.execs.options...)
+		if paused {
+			// The client paused the task around the checkpoint and will resume it: it must
+			// not run between CRIU's restore and the freeze.
+			opts = append(opts, runtime.LeaveStopped)
+		}
+		if len(opts) == 0 {
+			return nil
+		}
+		return runtime.WithCRIUOptions(cfg, ip.restore.WorkPath, opts...)
+	})
 	if err != nil {
 		return err
 	}
@@ -252,69 +268,6 @@ func (ip *inPlace) restoreTask(ctx context.Context, hold *taskHold, paused bool,
 		}
 	}
 	return nil
-}
-
-// newEngine makes the engine the processes are restored into: the container's configuration,
-// without the hooks that ran at its creation, on the held network namespace, with CRIU's options
-// for the images (and paused, left stopped).
-func (ip *inPlace) newEngine(hold *taskHold, paused bool) (engine, error) {
-	return ip.c.newEngine(func(cfg *configs.Config) error {
-		// The container's hooks ran when it was created; run again, a CNI hook would add a
-		// second interface to the namespace that still has the first. Its poststop hooks are
-		// the task's delete's: this engine is the one deleted then.
-		cfg.Hooks = configs.Hooks{configs.Poststop: cfg.Hooks[configs.Poststop]}
-		if named, _ := runtime.SpecNetNS(cfg); hold.netns != nil && !named {
-			runtime.WithNetNS(cfg, hold.netns)
-		}
-		opts := append(dumpCRIUOptions(ip.dump), hold.execs.options...)
-		if paused {
-			// The client paused the task around the checkpoint and will resume it: it must
-			// not run between CRIU's restore and the freeze.
-			opts = append(opts, runtime.LeaveStopped)
-		}
-		if len(opts) == 0 {
-			return nil
-		}
-		return runtime.WithCRIUOptions(cfg, ip.restore.WorkPath, opts...)
-	})
-}
-
-// engineAhead is the restore's engine made while the rootfs switches: neither needs the other
-// (the engine is the configuration converted, CRIU's configuration file written and libcontainer's
-// state created, all on the shim's side; the switch waits on containerd's transactions), and the
-// old engine, whose state and cgroups have the same names, is gone by then.
-type engineAhead struct {
-	done  chan struct{}
-	eng   engine
-	err   error
-	taken bool
-}
-
-func (ip *inPlace) makeEngineAhead(hold *taskHold, paused bool) *engineAhead {
-	a := &engineAhead{done: make(chan struct{})}
-	go func() {
-		defer close(a.done)
-		a.eng, a.err = ip.newEngine(hold, paused)
-	}()
-	return a
-}
-
-// take waits for the engine; the caller owns it then.
-func (a *engineAhead) take() (engine, error) {
-	<-a.done
-	a.taken = true
-	return a.eng, a.err
-}
-
-// drop vacates the engine if nobody took it: the switch failed, or the remount.
-func (a *engineAhead) drop() {
-	if a.taken {
-		return
-	}
-	<-a.done
-	if a.err == nil {
-		_ = a.eng.Vacate()
-	}
 }
 
 // taskHold is what an in-place cycle gives back to a task whose processes are gone: its stdio

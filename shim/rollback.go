@@ -70,7 +70,7 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 		// The lineage is recorded in the switch's update of the container.
 		var err error
 		if sw, err = s.switchRootfs(ctx, sn, c.id, meta, lineage); err == nil {
-			ip.key, ip.mounts = sw.Key, sw.Mounts // the restore mounts the fresh key
+			ip.key, ip.mounts = sw.Key, sw.Mounts // the restore mounts the fresh key, as prepared
 		}
 		return err
 	}
@@ -107,22 +107,33 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 // rollbackTarget reads and checks the checkpoint in dir before anything is stopped: in the
 // container's lineage (or forceForeign), holding processes, admitted, and its frozen layer there
 // to stack the rootfs on. It returns the checkpoint, the container's snapshotter and rootfs key.
-// The admission reads the images on disk while the container's record and the frozen layer are
-// asked of containerd: one waits on the other's answers. The checks fail in the order they are
-// listed above.
 func (s *service) rollbackTarget(ctx context.Context, c *container, dir string, forceForeign bool, t *steps) (checkpoint.Meta, snapshots.Snapshotter, string, error) {
 	meta, err := checkpoint.Read(dir)
 	if err != nil {
 		return meta, nil, "", err
 	}
-	admitted := make(chan error, 1)
-	go func() { admitted <- s.admit(dir, c.spec, c.rootfs) }()
-	rs, err := s.rollbackRecord(ctx, c, meta, forceForeign)
+	ns, err := namespaces.NamespaceRequired(ctx)
 	if err != nil {
-		<-admitted
+		return meta, nil, "", err
+	}
+	rs, err := s.daemon.containerRootfs(ctx, ns, c.id)
+	if err != nil {
 		return meta, nil, "", err
 	}
 	t.mark("container")
+	if err := checkpoint.MayRollBack(c.id, checkpoint.ParseLineage(rs.labels[checkpoint.LineageKey]), meta, forceForeign); err != nil {
+		return meta, nil, "", err
+	}
+	if !meta.Contents.HasMemory() {
+		return meta, nil, "", fmt.Errorf("checkpoint %s holds no processes (contents %s): start a new task from it: %w", meta.ID, meta.Contents, errdefs.ErrFailedPrecondition)
+	}
+	if err := sameInit(c, meta); err != nil {
+		return meta, nil, "", err
+	}
+	if err := s.admit(dir, c.spec, c.rootfs); err != nil {
+		return meta, nil, "", err
+	}
+	t.mark("admit")
 	var sn snapshots.Snapshotter
 	if meta.Contents.HasFS() {
 		sn, err = s.restoreSnapshotter(ctx, rs, c.id, meta)
@@ -130,31 +141,7 @@ func (s *service) rollbackTarget(ctx context.Context, c *container, dir string, 
 		sn, err = s.daemon.snapshotter(rs.snapshotter)
 	}
 	t.mark("layer")
-	if aerr := <-admitted; aerr != nil {
-		return meta, nil, "", aerr
-	}
-	t.mark("admit")
 	return meta, sn, rs.key, err
-}
-
-// rollbackRecord reads container c's record in containerd and checks that checkpoint meta may
-// roll it back: in its lineage (or forceForeign), holding processes, dumped with the same init.
-func (s *service) rollbackRecord(ctx context.Context, c *container, meta checkpoint.Meta, forceForeign bool) (rootfsSnapshot, error) {
-	ns, err := namespaces.NamespaceRequired(ctx)
-	if err != nil {
-		return rootfsSnapshot{}, err
-	}
-	rs, err := s.daemon.containerRootfs(ctx, ns, c.id)
-	if err != nil {
-		return rootfsSnapshot{}, err
-	}
-	if err := checkpoint.MayRollBack(c.id, checkpoint.ParseLineage(rs.labels[checkpoint.LineageKey]), meta, forceForeign); err != nil {
-		return rootfsSnapshot{}, err
-	}
-	if !meta.Contents.HasMemory() {
-		return rootfsSnapshot{}, fmt.Errorf("checkpoint %s holds no processes (contents %s): start a new task from it: %w", meta.ID, meta.Contents, errdefs.ErrFailedPrecondition)
-	}
-	return rs, sameInit(c, meta)
 }
 
 // restoreStats adds CRIU's account of the restore that ran in work (stats-restore: the whole
