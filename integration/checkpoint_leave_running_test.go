@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -215,11 +216,25 @@ func rootMountID(t *testing.T, pid uint32) string {
 	return ""
 }
 
-// TestCheckpointSwitchRule: a leave-running checkpoint of an upper that changed by more than the
-// switch rule's bytes (64 MiB) takes the in-place cycle instead of a capture: the task is restored
-// on a fresh, empty upper (a new init and rootfs mount), and the next checkpoint captures again,
-// leaving that task as it is. Rollbacks to both show their files.
+// TestCheckpointSwitchRule: a leave-running checkpoint of an upper that changed by more than one of
+// the switch rule's limits (64 MiB of bytes, 500 entries to write) takes the in-place cycle
+// instead of a capture: the task is restored on a fresh, empty upper (a new init and rootfs
+// mount), and the next checkpoint captures again, leaving that task as it is. Rollbacks to both
+// show their files.
 func TestCheckpointSwitchRule(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		files int // written before the first checkpoint, each of size bytes
+		size  int
+	}{
+		{"bytes", 1, 70 << 20},
+		{"writes", 600, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testSwitchRule(t, tc.files, tc.size) })
+	}
+}
+
+func testSwitchRule(t *testing.T, files, size int) {
 	e := newCkEnv(t)
 	c := e.newContainer(t, "switch", e.img, oci.WithProcessArgs("sleep", "1000000"))
 	task, err := startTask(e.ctx, c)
@@ -228,19 +243,25 @@ func TestCheckpointSwitchRule(t *testing.T) {
 	}
 	rootfs := e.d.RootfsPath(c.ID())
 	pid, mnt := task.Pid(), rootMountID(t, task.Pid())
-	big := make([]byte, 70<<20)
-	if err := os.WriteFile(filepath.Join(rootfs, "big"), big, 0o644); err != nil {
+	big := filepath.Join(rootfs, "big")
+	if err := os.Mkdir(big, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	data := bytes.Repeat([]byte{'x'}, size)
+	for i := range files {
+		if err := os.WriteFile(filepath.Join(big, fmt.Sprint(i)), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	first := e.timedCheckpoint(t, c.ID(), "switch-1")
-	// The 70 MiB were written before the checkpoint: the switch is decided before the dump, which
-	// the in-place cycle then makes once.
+	// What is past the limit was written before the checkpoint: the switch is decided before
+	// the dump, which the in-place cycle then makes once.
 	if l := switchLine(t, e); !strings.Contains(l, "dumpedTwice=false") {
 		t.Fatalf("the switch was decided after a first dump: %s", l)
 	}
 	task = e.taskOf(t, c.ID())
 	if task.Pid() == pid || rootMountID(t, task.Pid()) == mnt {
-		t.Fatalf("after a checkpoint of 70 MiB written, init %d on mount %s (was %d on %s): want the in-place cycle", task.Pid(), rootMountID(t, task.Pid()), pid, mnt)
+		t.Fatalf("after a checkpoint of %d files of %d bytes written, init %d on mount %s (was %d on %s): want the in-place cycle", files, size, task.Pid(), rootMountID(t, task.Pid()), pid, mnt)
 	}
 	pid, mnt = task.Pid(), rootMountID(t, task.Pid())
 	if err := os.WriteFile(filepath.Join(rootfs, "small"), []byte("small"), 0o644); err != nil {
@@ -250,16 +271,20 @@ func TestCheckpointSwitchRule(t *testing.T) {
 	if task := e.taskOf(t, c.ID()); task.Pid() != pid || rootMountID(t, pid) != mnt {
 		t.Fatalf("after a small checkpoint following a switch, init %d (was %d): want it left running", task.Pid(), pid)
 	}
-	for _, tc := range []struct {
+	for _, r := range []struct {
 		id    string
 		small bool
 	}{{first, false}, {second, true}} {
-		cklite(t, e.d, "rollback", c.ID(), tc.id)
-		if fi, err := os.Stat(filepath.Join(rootfs, "big")); err != nil || fi.Size() != int64(len(big)) {
-			t.Fatalf("after a rollback to %s, big: %v %v", tc.id, fi, err)
+		cklite(t, e.d, "rollback", c.ID(), r.id)
+		entries, err := os.ReadDir(big)
+		if err != nil || len(entries) != files {
+			t.Fatalf("after a rollback to %s, %d files in big (%v), want %d", r.id, len(entries), err, files)
 		}
-		if _, err := os.Stat(filepath.Join(rootfs, "small")); (err == nil) != tc.small {
-			t.Fatalf("after a rollback to %s, small: %v, want it there: %v", tc.id, err, tc.small)
+		if fi, err := os.Stat(filepath.Join(big, fmt.Sprint(files-1))); err != nil || fi.Size() != int64(size) {
+			t.Fatalf("after a rollback to %s, the last file: %v %v", r.id, fi, err)
+		}
+		if _, err := os.Stat(filepath.Join(rootfs, "small")); (err == nil) != r.small {
+			t.Fatalf("after a rollback to %s, small: %v, want it there: %v", r.id, err, r.small)
 		}
 	}
 }

@@ -24,9 +24,9 @@ import (
 // A filesystem-only checkpoint is the same without the dump; one with Exit after a capture is the
 // same with a dump that kills the task.
 //
-// The switch rule: a capture costs a walk of the upper (O(entries)) and a copy of what changed
-// (O(bytes)), both while the task is frozen. Past switchEntries entries or switchBytes bytes it
-// costs more than today's in-place cycle (a dump that stops the task, the upper frozen as it is in
+// The switch rule: a capture costs a walk of the upper (O(entries)) and a write of what changed
+// (O(entries written) plus O(bytes)), both while the task is frozen. Past switchEntries entries,
+// switchWrites entries to write or switchBytes bytes it costs more than today's in-place cycle (a dump that stops the task, the upper frozen as it is in
 // O(1), a restore on a fresh, empty upper), which the checkpoint then takes: the next captures
 // start again from an empty upper. docs/checkpoints.md has the measurements behind the numbers.
 //
@@ -37,6 +37,7 @@ import (
 // for such a client.
 const (
 	switchEntries   = 20000
+	switchWrites    = 500
 	switchBytes     = 64 << 20
 	switchDiffBytes = 1 << 20
 )
@@ -298,7 +299,7 @@ func (ck *checkpointRun) switchBeforeDump(cp *capture.Capture, t *steps) error {
 	if err != nil {
 		return err
 	}
-	if ok && g.Bytes <= switchBytes && g.Entries <= switchEntries && (!paused || g.Size <= switchDiffBytes) {
+	if ok && g.Bytes <= switchBytes && g.Entries <= switchEntries && g.New <= switchWrites && (!paused || g.Size <= switchDiffBytes) {
 		t.mark("growth")
 		return nil
 	}
@@ -313,8 +314,8 @@ func (ck *checkpointRun) switchBeforeDump(cp *capture.Capture, t *steps) error {
 // switchRule returns errSwitch when a capture that walks and writes st costs more than the
 // in-place cycle (the limits above), for a task that the client paused or not.
 func switchRule(st capture.Stats, clientPaused bool) error {
-	if st.Entries > switchEntries || st.Bytes > switchBytes || clientPaused && st.Size > switchDiffBytes {
-		return fmt.Errorf("%w: %d entries, %d bytes changed, %d bytes in all, paused by the client: %t", errSwitch, st.Entries, st.Bytes, st.Size, clientPaused)
+	if st.Entries > switchEntries || st.Writes > switchWrites || st.Bytes > switchBytes || clientPaused && st.Size > switchDiffBytes {
+		return fmt.Errorf("%w: %d entries, %d to write, %d bytes changed, %d bytes in all, paused by the client: %t", errSwitch, st.Entries, st.Writes, st.Bytes, st.Size, clientPaused)
 	}
 	return nil
 }

@@ -148,3 +148,28 @@ func TestBesideDump(t *testing.T) {
 		})
 	}
 }
+
+// TestSwitchRule: past any one of its limits a capture gives way to the in-place cycle.
+func TestSwitchRule(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		st       capture.Stats
+		paused   bool
+		switches bool
+	}{
+		{"a few files", capture.Stats{Entries: 2000, Writes: 10, Bytes: 40 << 10, Size: 8 << 20}, false, false},
+		{"entries walked", capture.Stats{Entries: switchEntries + 1, Writes: 1}, false, true},
+		{"entries to write", capture.Stats{Entries: 2100, Writes: switchWrites + 1, Bytes: 4 << 20}, false, true},
+		{"at the writes limit", capture.Stats{Entries: 2100, Writes: switchWrites, Bytes: 4 << 20}, false, false},
+		{"bytes to write", capture.Stats{Entries: 3, Writes: 1, Bytes: switchBytes + 1, Size: switchBytes + 1}, false, true},
+		{"paused, a large upper", capture.Stats{Entries: 2000, Writes: 1, Bytes: 10, Size: switchDiffBytes + 1}, true, true},
+		{"running, a large upper", capture.Stats{Entries: 2000, Writes: 1, Bytes: 10, Size: switchDiffBytes + 1}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := switchRule(tc.st, tc.paused)
+			if errors.Is(err, errSwitch) != tc.switches || (err != nil && !errors.Is(err, errSwitch)) {
+				t.Fatalf("switchRule(%+v, paused %t) = %v, want a switch: %t", tc.st, tc.paused, err, tc.switches)
+			}
+		})
+	}
+}

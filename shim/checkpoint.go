@@ -258,6 +258,7 @@ func (ck *checkpointRun) withRootfs(ctx context.Context, sn snapshots.Snapshotte
 		},
 		restoreAnyway: true,
 		exit:          ck.opts.Exit,
+		t:             ck.t, // the cycle's steps: "kill" is the dump that stops the task
 	}
 	ip.switchRootfs = func(ctx context.Context) error {
 		on, err := ck.freezeRecorded(ctx, sn, meta)

@@ -25,6 +25,7 @@ func statUse(dir string) (fsUse, error) {
 // place, which takes no new blocks.
 type Growth struct {
 	Bytes int64 // new bytes in use
+	New   int64 // new entries (inodes in use)
 	// Entries and Size are the upper's entries and bytes of regular files at most (the previous
 	// capture's, plus the growth), but for files rewritten larger in place.
 	Entries, Size int64
@@ -41,7 +42,8 @@ func (c *Capture) Growth() (g Growth, ok bool, err error) {
 		return Growth{}, false, err
 	}
 	g.Bytes = max(now.Bytes-c.prev.use.Bytes, 0)
-	g.Entries = int64(c.prev.Len()) + max(now.Inodes-c.prev.use.Inodes, 0)
+	g.New = max(now.Inodes-c.prev.use.Inodes, 0)
+	g.Entries = int64(c.prev.Len()) + g.New
 	g.Size = c.prev.Size + g.Bytes
 	return g, true, nil
 }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -175,13 +176,16 @@ func (c *Capture) Base() string { return c.base }
 // walk compares the upper with was (nil: write everything) into c's ops and new record.
 func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
 	whole := map[string]bool{} // directories written whole: below them, everything is written
-	err := filepath.WalkDir(c.upper, func(abs string, _ fs.DirEntry, err error) error {
+	err := filepath.WalkDir(c.upper, func(abs string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return c.gone(abs, err)
 		}
 		rel, err := filepath.Rel(c.upper, abs)
 		if err != nil || rel == "." {
 			return err
+		}
+		if d.IsDir() && criuTemporary(rel) {
+			return fs.SkipDir
 		}
 		e, err := statEntry(abs, racyFrom)
 		if err != nil {
@@ -214,6 +218,18 @@ func (c *Capture) walk(was map[string]entry, racyFrom int64) error {
 	}
 	c.whiteouts(was, whole)
 	return nil
+}
+
+// criuTemporary tells whether directory rel of the upper is one CRIU makes in the task's mount
+// namespace while it dumps a mount that has mounts below it (a tmpfs /dev): it bind-mounts the
+// mount alone on "/tmp/cr-tmpfs.XXXXXX" (else "/cr-tmpfs.XXXXXX", mkdtemp's six characters) for a
+// moment, then removes it (criu/mount.c, get_clean_mnt). A capture walks beside the dump: it can
+// meet that directory, gone a moment later, or mounted over with the contents of /dev. It is
+// never the task's, and never part of a checkpoint.
+func criuTemporary(rel string) bool {
+	const prefix = "cr-tmpfs."
+	dir, name := filepath.Split(rel)
+	return (dir == "" || dir == "tmp/") && len(name) == len(prefix)+6 && strings.HasPrefix(name, prefix)
 }
 
 // gone is the walk's error err at abs, or nil when the writers run (live) and abs, below the
