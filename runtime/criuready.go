@@ -155,7 +155,7 @@ func (c *Container) PrepareNextDump() {
 // readyCRIU is a container's CRIU started ahead of its next dump: at most one, none before its
 // first checkpoint or rollback, none once the container is gone.
 type readyCRIU struct {
-	mu     sync.Mutex
+	mu    sync.Mutex
 	next  *pendingSwrk
 	ended bool
 }
@@ -206,6 +206,56 @@ func (r *readyCRIU) take() (*swrk, error) {
 		}
 	}
 	return startSwrk()
+}
+
+// ReadyCRIU is a CRIU started ahead of a dump, between the engine a restore in place replaces
+// and the one it makes (KeepReadyCRIU, AdoptReadyCRIU). A CRIU waiting for its first request
+// knows nothing of a container: the next engine's dump is served by it as well.
+type ReadyCRIU struct {
+	p *pendingSwrk
+}
+
+// KeepReadyCRIU takes the CRIU the container started ahead of its next dump, if any, out of the
+// container, so that Vacate or Destroy leaves it running: a restore in place hands it to the engine
+// it makes (AdoptReadyCRIU) instead of ending it with the old one and starting another once
+// answered (the kill and wait of one CRIU on the rollback's path, the fork and exec of the next
+// beside the client's next steps). The caller ends it (End) if no engine adopts it.
+func (c *Container) KeepReadyCRIU() *ReadyCRIU {
+	r := &c.ready
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.next
+	r.next = nil
+	if p == nil {
+		return nil
+	}
+	return &ReadyCRIU{p: p}
+}
+
+// AdoptReadyCRIU makes kept the CRIU of the container's next dump. A container that has one
+// already, or is gone, ends kept. kept may be nil.
+func (c *Container) AdoptReadyCRIU(kept *ReadyCRIU) {
+	if kept == nil {
+		return
+	}
+	r := &c.ready
+	r.mu.Lock()
+	if !r.ended && r.next == nil {
+		r.next, kept = kept.p, nil
+	}
+	r.mu.Unlock()
+	kept.End()
+}
+
+// End ends a kept CRIU no engine adopted. kept may be nil.
+func (kept *ReadyCRIU) End() {
+	if kept == nil {
+		return
+	}
+	<-kept.p.done
+	if kept.p.s != nil {
+		kept.p.s.end()
+	}
 }
 
 // end ends the CRIU started ahead, if any, and every later prepare.

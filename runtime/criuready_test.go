@@ -99,3 +99,61 @@ func TestReadyCRIU(t *testing.T) {
 		}
 	}
 }
+
+// TestReadyCRIUHandedOver: the CRIU an engine started ahead survives its Vacate once kept, and
+// serves the next engine's dump if it adopts it; otherwise (the next engine has one, or is gone,
+// or no engine adopts it) it is ended and waited for.
+func TestReadyCRIUHandedOver(t *testing.T) {
+	useFakeCRIU(t)
+	for _, tc := range []struct {
+		name    string
+		next    func(t *testing.T) *Container // the engine that adopts, nil for none
+		adopted bool
+	}{
+		{name: "adopted", next: func(*testing.T) *Container { return &Container{} }, adopted: true},
+		{name: "next has one", next: func(t *testing.T) *Container {
+			c := &Container{}
+			c.ready.prepare()
+			t.Cleanup(c.ready.end)
+			return c
+		}},
+		{name: "next gone", next: func(*testing.T) *Container {
+			c := &Container{}
+			c.ready.end()
+			return c
+		}},
+		{name: "not adopted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old := &Container{}
+			if old.KeepReadyCRIU() != nil {
+				t.Fatal("kept a CRIU that was never started")
+			}
+			old.ready.prepare()
+			kept := old.KeepReadyCRIU()
+			old.ready.end() // Vacate
+			<-kept.p.done
+			s := kept.p.s
+			if !s.alive() {
+				t.Fatal("the old engine's end ended the CRIU it no longer has")
+			}
+			if tc.next == nil {
+				kept.End()
+			} else {
+				next := tc.next(t)
+				next.AdoptReadyCRIU(kept)
+				if tc.adopted {
+					got, err := next.ready.take()
+					if err != nil || got != s {
+						t.Fatalf("the next engine's dump got CRIU %v (%v), want the one kept, %d", got, err, s.pid)
+					}
+					defer got.end()
+					return
+				}
+			}
+			if s.alive() || unix.Kill(s.pid, 0) == nil {
+				t.Fatalf("CRIU %d, kept and not adopted, is still there", s.pid)
+			}
+		})
+	}
+}

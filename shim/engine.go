@@ -33,6 +33,8 @@ type engine interface {
 	Checkpoint(o runtime.CheckpointOpts) error
 	WatchSeized() (*runtime.SeizeWatch, error)
 	PrepareNextDump()
+	KeepReadyCRIU() *runtime.ReadyCRIU
+	AdoptReadyCRIU(kept *runtime.ReadyCRIU)
 	Destroy() error
 	Vacate() error
 	Stdio() ([]string, error)

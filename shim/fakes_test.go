@@ -109,6 +109,8 @@ func (e *fakeEngine) Signal(sig syscall.Signal, all bool) error {
 func (e *fakeEngine) Pause() error                              { return e.call("Pause") }
 func (e *fakeEngine) Resume() error                             { return e.call("Resume") }
 func (e *fakeEngine) PrepareNextDump()                          {}
+func (e *fakeEngine) KeepReadyCRIU() *runtime.ReadyCRIU         { return nil }
+func (e *fakeEngine) AdoptReadyCRIU(*runtime.ReadyCRIU)         {}
 func (e *fakeEngine) Paused() bool                              { _ = e.call("Paused"); return false }
 func (e *fakeEngine) PauseStopped() error                       { return e.call("PauseStopped") }
 func (e *fakeEngine) Pids() ([]int, error)                      { return nil, e.call("Pids") }

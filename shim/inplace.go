@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer/configs"
@@ -29,6 +30,9 @@ type inPlace struct {
 
 	sn  snapshots.Snapshotter
 	key string // the container's rootfs snapshot
+	// mounts, if set, are key's, as the switch that prepared it answered: the remount does not
+	// ask the snapshotter for them again.
+	mounts []mount.Mount
 
 	dump    checkpoint.DumpFlags   // how the images to restore were dumped
 	restore runtime.CheckpointOpts // CRIU's options for their restore
@@ -98,6 +102,8 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	c.captured = nil
 
 	res := inPlaceResult{release: func() {}}
+	// The CRIU the old engine started ahead of its next dump serves the new engine's.
+	kept := eng.KeepReadyCRIU()
 	res.switched = eng.Vacate() // its poststop hooks run at the task's delete, once
 	ip.mark("destroy")
 	if res.switched == nil {
@@ -109,6 +115,12 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 		ip.mark("unmount")
 	}
 	if res.switched == nil {
+		if !ip.exit {
+			// The restore's first cgroup attach waits for a grace period: started now, it runs
+			// beside the switch (runtime.WarmAttach). Not before the engine's destroy: the write
+			// that waits holds the cgroup mutex, which the removal of its cgroups needs.
+			runtime.WarmAttach()
+		}
 		res.switched = ip.switchRootfs(ctx)
 		ip.mark("switch")
 	}
@@ -130,9 +142,11 @@ func (ip *inPlace) run(ctx context.Context) (inPlaceResult, error) {
 	c.init.endHandover()
 	ip.mark("started")
 	if exits || res.stopped != nil {
+		kept.End()
 		ip.s.initExited(c, c.init, pid, code)
 		return res, nil
 	}
+	c.engine().AdoptReadyCRIU(kept)
 	log.G(ctx).WithFields(log.Fields{
 		"stop": stopped, "switch": switched, "restore": time.Since(start) - stopped - switched,
 	}).Infof("%s: task restored in place", ip.what)
@@ -157,6 +171,9 @@ func (ip *inPlace) stoppedExit(ctx context.Context, exited <-chan int) int {
 
 // remount mounts the container's snapshot key again at <bundle>/rootfs.
 func (ip *inPlace) remount(ctx context.Context) error {
+	if ip.mounts != nil {
+		return ip.c.mountRootfs(ip.mounts)
+	}
 	mounts, err := ip.sn.Mounts(ctx, ip.key)
 	if err != nil {
 		return fmt.Errorf("mounts of %s: %w", ip.key, err)

@@ -70,7 +70,7 @@ func (s *service) rollbackInPlace(ctx context.Context, c *container, dir string,
 		// The lineage is recorded in the switch's update of the container.
 		var err error
 		if sw, err = s.switchRootfs(ctx, sn, c.id, meta, lineage); err == nil {
-			ip.key = sw.Key // the restore mounts the fresh key
+			ip.key, ip.mounts = sw.Key, sw.Mounts // the restore mounts the fresh key, as prepared
 		}
 		return err
 	}

@@ -81,33 +81,26 @@ func (sw Switched) Finish(ctx context.Context) {
 // it; it may be nil when ctx carries a lease. The caller keeps the container's rootfs unmounted
 // and its task stopped meanwhile; what was written to the old key since parent is discarded.
 func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm leases.Manager, id, parent string, labels map[string]string) (_ Switched, retErr error) {
-	ctr, err := cs.Get(ctx, id)
+	// The lease is a transaction of containerd's of its own (a write and its sync): it is made
+	// while the container's key is read, which it does not depend on.
+	lease := make(chan leaseMade, 1)
+	go func() {
+		var l leaseMade
+		l.ctx, l.done, l.err = leased(ctx, lm)
+		lease <- l
+	}()
+	old, snLabels, replaced, err := current(ctx, sn, cs, id)
+	l := <-lease
+	if err == nil && l.err != nil {
+		err = fmt.Errorf("switch the rootfs of container %s: %w", id, l.err)
+	}
 	if err != nil {
-		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+		if l.err == nil {
+			l.done()
+		}
+		return Switched{}, err
 	}
-	old := ctr.SnapshotKey
-	if old == "" {
-		return Switched{}, fmt.Errorf("switch the rootfs of container %s: it has no rootfs snapshot: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	info, err := sn.Stat(ctx, old)
-	if err != nil && !errdefs.IsNotFound(err) {
-		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
-	}
-	// A key already lost (a crash before switches existed) gets a new one all the same.
-	replaced := []string{old}
-	if prev := info.Labels[LabelReplaces]; prev != "" {
-		replaced = []string{prev, old} // left by a switch whose Finish did not run
-	}
-	snLabels := maps.Clone(info.Labels)
-	if snLabels == nil {
-		snLabels = map[string]string{}
-	}
-	snLabels[LabelReplaces] = old
-
-	ctx, done, err := leased(ctx, lm)
-	if err != nil {
-		return Switched{}, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
-	}
+	ctx, done := l.ctx, l.done
 	defer func() {
 		if retErr != nil {
 			done()
@@ -124,6 +117,41 @@ func Switch(ctx context.Context, sn snapshots.Snapshotter, cs Containers, lm lea
 	fault.Point(fault.SwitchUpdated)
 	sw.sn, sw.replaced, sw.done = sn, replaced, done
 	return sw, nil
+}
+
+// leaseMade is leased's answer.
+type leaseMade struct {
+	ctx  context.Context
+	done func()
+	err  error
+}
+
+// current reads container id's rootfs key old, the labels its fresh key gets (old's, with
+// LabelReplaces naming old) and the keys the switch's Finish removes.
+func current(ctx context.Context, sn snapshots.Snapshotter, cs Containers, id string) (old string, snLabels map[string]string, replaced []string, _ error) {
+	ctr, err := cs.Get(ctx, id)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+	}
+	old = ctr.SnapshotKey
+	if old == "" {
+		return "", nil, nil, fmt.Errorf("switch the rootfs of container %s: it has no rootfs snapshot: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	info, err := sn.Stat(ctx, old)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return "", nil, nil, fmt.Errorf("switch the rootfs of container %s: %w", id, err)
+	}
+	// A key already lost (a crash before switches existed) gets a new one all the same.
+	replaced = []string{old}
+	if prev := info.Labels[LabelReplaces]; prev != "" {
+		replaced = []string{prev, old} // left by a switch whose Finish did not run
+	}
+	snLabels = maps.Clone(info.Labels)
+	if snLabels == nil {
+		snLabels = map[string]string{}
+	}
+	snLabels[LabelReplaces] = old
+	return old, snLabels, replaced, nil
 }
 
 // repoint points container id's record from the snapshot key old to key, which exists, and sets
