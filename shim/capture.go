@@ -83,8 +83,8 @@ func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapsho
 // first, and with limit an estimate of the capture (a walk while the task runs) applies the
 // switch rule before anything is dumped; the capture's snapshot is prepared while the task is
 // frozen and dumped, and the capture written beside the dump is committed there too (CRIU's
-// time, which the round trips then cost nothing of); a capture written after the dump is
-// committed once the task is thawed. It returns the capture, written, its layer's record if it
+// time, which the round trips then cost nothing of; the thaw does not wait for the commit); a
+// capture written after the dump is committed once the task is thawed. It returns the capture, written, its layer's record if it
 // was committed, and ctx under the checkpoint's work lease.
 func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (*capture.Capture, *capture.Record, context.Context, error) {
 	cp, err := capture.Open(ctx, sn, key, meta.Frozen, ck.c.captured)
@@ -100,7 +100,7 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 	p := ck.prepareCapture(ctx, sn, cp)
 	eng := ck.c.engine()
 	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: eng.Paused(), prepared: p.wait,
-		watch:  func() (seizeWaiter, error) { return eng.WatchSeized() },
+		watch: func() (seizeWaiter, error) { return eng.WatchSeized() },
 		commit: func(lctx context.Context) (*capture.Record, error) {
 			rec, err := cp.Commit(lctx, sn, layerLabels(meta))
 			if err == nil {
@@ -111,8 +111,9 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 		}}
 	err = ck.whileFrozen(ctx, fc, dump, t)
 	lctx, perr := p.wait()
+	rec, cerr := fc.waitCommit(t)
 	if err == nil {
-		err = perr
+		err = errors.Join(perr, cerr)
 	}
 	if err != nil {
 		if aerr := cp.Abort(ctx, sn); aerr != nil {
@@ -120,7 +121,7 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 		}
 		return nil, nil, nil, err
 	}
-	return cp, fc.rec, lctx, nil
+	return cp, rec, lctx, nil
 }
 
 // layerLabels are the labels of checkpoint meta's frozen layer.
@@ -178,8 +179,8 @@ func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshot
 // (KeepFrozen: CRIU freezes it at its seize when it can, runtime.Container.Checkpoint first
 // otherwise), so the task runs on through CRIU's start; "frozen" then counts from the dump's
 // start, an upper bound. The capture runs beside the dump from the moment CRIU holds every
-// thread of the task (besideDump), and is committed there once written, else it runs after the
-// dump; either way it is kept only if the dump succeeded and left the cgroup frozen.
+// thread of the task (besideDump), and its commit starts there once it is written, else it runs
+// after the dump; either way it is kept only if the dump succeeded and left the cgroup frozen.
 func (ck *checkpointRun) whileFrozen(ctx context.Context, fc *frozenCapture, dump func() error, t *steps) (err error) {
 	eng := ck.c.engine()
 	if !fc.clientPaused {
@@ -225,17 +226,21 @@ func (ck *checkpointRun) whileFrozen(ctx context.Context, fc *frozenCapture, dum
 
 // frozenCapture is the part of a capture that needs the task still: the walk of its upper, the
 // switch rule and the write of what changed, once the capture's snapshot is prepared; beside
-// the dump, the commit of what it wrote follows.
+// the dump, the commit of what it wrote follows in the background.
 type frozenCapture struct {
 	cp                  *capture.Capture
 	limit, clientPaused bool
 	prepared            func() (context.Context, error) // ctx under the work lease
 	watch               func() (seizeWaiter, error)     // when CRIU holds the task (runtime.SeizeWatch)
 	commit              func(context.Context) (*capture.Record, error)
-	beside              bool            // it ran beside the dump
-	rec                 *capture.Record // its layer, committed beside the dump
+	beside              bool // it ran beside the dump
 	waited, walked      time.Duration
-	copied, committed   time.Duration
+	copied              time.Duration
+	// A commit started beside the dump: done once it has ended, with the layer or an error.
+	done      chan struct{}
+	rec       *capture.Record
+	commitErr error
+	committed time.Duration
 }
 
 func (fc *frozenCapture) run() error {
@@ -262,32 +267,42 @@ func (fc *frozenCapture) run() error {
 	return nil
 }
 
-// runAndCommit is run beside the dump, then the commit of the written capture as the layer: the
-// task's files are already held until the thaw, and committing here takes containerd's and the
-// snapshotter's synced transactions off the time after it. A dump that then fails, or a cgroup
+// runAndCommit is run beside the dump, then starts the commit of the written capture as the
+// layer in the background (waitCommit waits for it): containerd's and the snapshotter's synced
+// transactions then run inside CRIU's time instead of after the thaw, and the thaw, which needs
+// the capture written, not committed, never waits for them. A dump that then fails, or a cgroup
 // found thawed, drops the layer (frozen's Abort), unlisted.
 func (fc *frozenCapture) runAndCommit() error {
 	if err := fc.run(); err != nil {
 		return err
 	}
-	start := time.Now()
-	lctx, _ := fc.prepared() // run waited for it, and failed if it had
-	rec, err := fc.commit(lctx)
-	fc.committed = time.Since(start)
-	if err != nil {
-		return err
-	}
-	fc.rec = rec
+	fc.done = make(chan struct{})
+	go func() {
+		defer close(fc.done)
+		start := time.Now()
+		lctx, _ := fc.prepared() // run waited for it, and failed if it had
+		fc.rec, fc.commitErr = fc.commit(lctx)
+		fc.committed = time.Since(start)
+	}()
 	return nil
+}
+
+// waitCommit waits for the commit started beside the dump, if one was, and returns its layer
+// (nil when none was started) or why it failed.
+func (fc *frozenCapture) waitCommit(t *steps) (*capture.Record, error) {
+	if fc.done == nil {
+		return nil, nil
+	}
+	<-fc.done
+	t.mark("commitWait") // what of the commit outlasted the dump and the thaw
+	t.fields["commitBeside"] = fc.committed
+	return fc.rec, fc.commitErr
 }
 
 // log adds the capture's steps and what it saw to the checkpoint's log line.
 func (fc *frozenCapture) log(t *steps) {
 	st := fc.cp.Stats()
 	t.fields["prepared"], t.fields["walk"], t.fields["write"], t.fields["besideDump"] = fc.waited, fc.walked, fc.copied, fc.beside
-	if fc.rec != nil {
-		t.fields["commitBeside"] = fc.committed
-	}
 	t.fields["entries"], t.fields["writes"], t.fields["bytes"], t.fields["delta"] = st.Entries, st.Writes, st.Bytes, st.Delta
 }
 

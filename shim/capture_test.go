@@ -99,8 +99,9 @@ func TestWhileFrozen(t *testing.T) {
 				t.Fatalf("engine calls %v, want %v", got, tc.wantCalls)
 			}
 			committed := tc.beside && tc.want != errSwitch
-			if _, serr := sn.Stat(ctx, "layer"); (serr == nil) != committed || (fc.rec != nil) != committed {
-				t.Fatalf("layer: %v, record %v; want it committed: %t", serr, fc.rec, committed)
+			rec, cerr := fc.waitCommit(newSteps())
+			if _, serr := sn.Stat(ctx, "layer"); (serr == nil) != committed || (rec != nil) != committed || cerr != nil {
+				t.Fatalf("layer: %v, record %v, commit: %v; want it committed: %t", serr, rec, cerr, committed)
 			}
 			if err := cp.Abort(ctx, sn); err != nil && committed {
 				t.Fatalf("abort: %v", err)
