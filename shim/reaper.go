@@ -26,6 +26,7 @@ type reaper struct {
 	holds   int
 	pending bool
 	owned   map[int]struct{}
+	catchUp sync.WaitGroup // the catch-ups after a last release, running in the background
 }
 
 func newReaper() *reaper {
@@ -68,7 +69,7 @@ func (r *reaper) hold() (release func()) {
 			catchUp := r.holds == 0 && r.pending
 			r.mu.Unlock()
 			if catchUp {
-				go r.reap()
+				r.catchUp.Go(r.reap)
 			}
 		})
 	}
