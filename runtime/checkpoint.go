@@ -185,16 +185,16 @@ func (c *Container) Restore(ctx context.Context, p *libcontainer.Process, o Chec
 // initComm is the name libcontainer's init goes by until it execs the user's program.
 const initComm = "runc:[2:INIT]"
 
-// execWaitLimit bounds waitUserExec. It is long because the wait is on the scheduler: 16
-// containers started and checkpointed at once on 2 cores (TestConcurrentCheckpoints, in CI)
-// left an init unscheduled past the second this once was, and the dump failed on the shim binary.
+// execWaitLimit bounds waitUserExec: the wait is on the scheduler, which on 2 cores busy with 16
+// dumps may leave an init unscheduled for a while.
 const execWaitLimit = 10 * time.Second
 
 // waitUserExec waits, up to limit, for init to exec the user's program. A task Start returns
-// once libcontainer's init may exec, not once it has: a task checkpointed right after its start
-// could be frozen still running the shim binary, mapped from outside the container's mounts,
-// which CRIU cannot dump ("Can't lookup mount ... path=/containerd-shim-cklite-v2"). The poll
-// starts at 100µs (an init that is running execs within that) and backs off to 10ms.
+// once libcontainer's init may exec, not once it has: a task frozen right after its start (by
+// Pause, or by CRIU's seize) could be frozen still running the shim binary, mapped from outside
+// the container's mounts, which CRIU cannot dump ("Can't lookup mount ...
+// path=/containerd-shim-cklite-v2"). The poll starts at 100µs (an init that is running execs
+// within that) and backs off to 10ms.
 func (c *Container) waitUserExec(limit time.Duration) {
 	comm := fmt.Sprintf("/proc/%d/comm", c.InitPid())
 	step := 100 * time.Microsecond
@@ -205,7 +205,7 @@ func (c *Container) waitUserExec(limit time.Duration) {
 		}
 		step = min(2*step, 10*time.Millisecond)
 	}
-	log.L.WithField("pid", c.InitPid()).Warnf("init has not exec'd its program %s after its start: dumping anyway", limit)
+	log.L.WithField("pid", c.InitPid()).Warnf("init has not exec'd its program %s after its start: going on (a dump would fail on the shim's binary)", limit)
 }
 
 // criu is what PrepareCRIU found, once per process.

@@ -109,8 +109,15 @@ func (c *Container) Signal(sig syscall.Signal, all bool) error {
 	return nil
 }
 
-// Pause freezes the container's cgroup, retrying for a while (freeze.go).
-func (c *Container) Pause() error { return wrap("pause", retryFreeze(c.lc.Pause, freezeTimeout)) }
+// Pause freezes the container's cgroup, retrying for a while (freeze.go). It first waits for
+// init to exec the user's program (waitUserExec): the Go client pauses a task before it
+// checkpoints it, and a task checkpointed right after its start was frozen still in libcontainer's
+// init, which then could not exec until the thaw; the dump that followed found the shim's binary
+// mapped and failed (TestConcurrentCheckpoints, 1 run in 3).
+func (c *Container) Pause() error {
+	c.waitUserExec(execWaitLimit)
+	return wrap("pause", retryFreeze(c.lc.Pause, freezeTimeout))
+}
 
 // Resume thaws the container's cgroup.
 func (c *Container) Resume() error { return wrap("resume", c.lc.Resume()) }
