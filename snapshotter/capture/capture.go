@@ -13,6 +13,16 @@ func (c *Capture) Write() error {
 	if err := newWriter(c.upper, c.to).apply(c.ops); err != nil {
 		return fmt.Errorf("capturing %s into %s: %w", c.key, c.tmp, err)
 	}
+	// The filesystem's use once the capture is written, the writers still frozen: what the next
+	// capture's Growth starts from. Taken after the copy, not before the walk, so that the
+	// capture's own files (and whatever else wrote meanwhile: CRIU's images, other uppers) do not
+	// count as the task's at the next checkpoint, where they would trip the switch rule's cheap
+	// check and send it to the estimate's walk.
+	use, err := statUse(c.upper)
+	if err != nil {
+		return fmt.Errorf("capturing %s: %w", c.key, err)
+	}
+	c.use = use
 	return nil
 }
 
@@ -30,7 +40,11 @@ func (c *Capture) Commit(ctx context.Context, sn snapshots.Snapshotter, labels m
 // Abort removes the capture's snapshot, or once committed its layer (a checkpoint that failed
 // after the commit). What it cannot remove (the snapshotter is gone) stays under the caller's
 // lease, and goes with it; the error says what stayed.
+// Aborting again does nothing.
 func (c *Capture) Abort(ctx context.Context, sn snapshots.Snapshotter) error {
+	if c.removed {
+		return nil
+	}
 	name := c.tmp
 	if c.committed {
 		name = c.name
@@ -38,5 +52,6 @@ func (c *Capture) Abort(ctx context.Context, sn snapshots.Snapshotter) error {
 	if err := sn.Remove(context.WithoutCancel(ctx), name); err != nil {
 		return fmt.Errorf("capturing %s: remove %s: %w", c.key, name, err)
 	}
+	c.removed = true
 	return nil
 }

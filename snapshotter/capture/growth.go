@@ -19,7 +19,7 @@ func statUse(dir string) (fsUse, error) {
 	return fsUse{Bytes: int64(st.Blocks-st.Bfree) * st.Bsize, Inodes: int64(st.Files - st.Ffree)}, nil
 }
 
-// Growth is how much the upper's filesystem grew since the previous capture's walk: what the
+// Growth is how much the upper's filesystem grew since the previous capture was written: what the
 // upper can have gained, at most, in new blocks and new entries (every writer of the
 // filesystem counts, so it never says too little of new data). It cannot see a file rewritten in
 // place, which takes no new blocks.

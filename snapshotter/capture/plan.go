@@ -33,12 +33,13 @@ type Capture struct {
 	entries    map[string]entry // the new record
 	stats      Stats
 	maxEntries int   // a walk stops past this many entries (errTooMany); 0: no limit
-	use        fsUse // the upper's filesystem's use when Walk began
+	use        fsUse // the upper's filesystem's use once Write was done
 	// live: the upper's writers run (Estimate), so an entry may go between its directory's read
 	// and its own; the walk leaves it out.
 	live bool
-	// committed: Commit made the layer, which Abort then removes.
-	committed bool
+	// committed: Commit made the layer, which Abort then removes; removed: Abort removed it
+	// (Commit and Prepare abort what they leave, and the caller may abort again).
+	committed, removed bool
 }
 
 // Stats measure a capture: what the walk saw and what the capture writes.
@@ -155,13 +156,6 @@ func (c *Capture) Estimate(maxEntries int) (Stats, error) {
 // Walk compares the upper with the previous capture's record: what Write will write.
 func (c *Capture) Walk() error {
 	start := time.Now()
-	// The filesystem's use as the walk begins (the writers are still): what the next capture's
-	// Growth starts from.
-	use, err := statUse(c.upper)
-	if err != nil {
-		return fmt.Errorf("capturing %s: %w", c.key, err)
-	}
-	c.use = use
 	if err := c.walk(c.was, start.Add(-racyWindow).UnixNano()); err != nil {
 		return fmt.Errorf("capturing %s: walk %s: %w", c.key, c.upper, err)
 	}

@@ -26,7 +26,7 @@ type Record struct {
 	Layer   string            // the committed layer that holds the capture
 	Labels  map[string]string // Layer's labels, as committed
 	Size    int64             // bytes of the upper's regular files
-	use     fsUse             // the upper's filesystem's use when the capture's walk began
+	use     fsUse             // the upper's filesystem's use once the capture was written
 	entries map[string]entry
 }
 
