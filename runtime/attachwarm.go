@@ -1,10 +1,10 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 
 	"github.com/containerd/log"
@@ -60,29 +60,19 @@ func writeSelf(procs string) error {
 // hierarchy (any hierarchy takes the same rwsem), or the unified one.
 func ownProcsFile() (string, error) {
 	if cgroups.IsCgroup2UnifiedMode() {
-		data, err := os.ReadFile("/proc/self/cgroup")
+		own, err := cgroups.ParseCgroupFile("/proc/self/cgroup")
 		if err != nil {
 			return "", err
 		}
-		own, err := unifiedPath(string(data))
-		if err != nil {
-			return "", err
+		path, ok := own[""]
+		if !ok {
+			return "", errors.New("no cgroup v2 path in /proc/self/cgroup")
 		}
-		return filepath.Join("/sys/fs/cgroup", own, "cgroup.procs"), nil
+		return filepath.Join("/sys/fs/cgroup", path, "cgroup.procs"), nil
 	}
 	dir, err := cgroups.GetOwnCgroupPath("freezer")
 	if err != nil {
 		return "", fmt.Errorf("own freezer cgroup: %w", err)
 	}
 	return filepath.Join(dir, "cgroup.procs"), nil
-}
-
-// unifiedPath is the cgroup v2 path in the contents of /proc/PID/cgroup (its "0::" line).
-func unifiedPath(procCgroup string) (string, error) {
-	for _, line := range strings.Split(procCgroup, "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok && strings.HasPrefix(p, "/") {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("no cgroup v2 path in /proc/self/cgroup")
 }

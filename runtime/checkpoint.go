@@ -194,13 +194,20 @@ const execWaitLimit = 10 * time.Second
 // Pause, or by CRIU's seize) could be frozen still running the shim binary, mapped from outside
 // the container's mounts, which CRIU cannot dump ("Can't lookup mount ...
 // path=/containerd-shim-cklite-v2"). The poll starts at 100µs (an init that is running execs
-// within that) and backs off to 10ms.
+// within that) and backs off to 10ms. Once seen past its exec, init is not looked at again.
 func (c *Container) waitUserExec(limit time.Duration) {
+	if c.execd.Load() {
+		return
+	}
 	comm := fmt.Sprintf("/proc/%d/comm", c.InitPid())
 	step := 100 * time.Microsecond
 	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(step) {
 		b, err := os.ReadFile(comm)
-		if err != nil || strings.TrimSpace(string(b)) != initComm {
+		if err != nil {
+			return
+		}
+		if strings.TrimSpace(string(b)) != initComm {
+			c.execd.Store(true)
 			return
 		}
 		step = min(2*step, 10*time.Millisecond)

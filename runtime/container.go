@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,6 +25,8 @@ type Container struct {
 	root  string
 	guard *initGuard // the live init an exec may join
 	ready readyCRIU  // CRIU started ahead of the next dump (criuready.go)
+	// execd: init was seen running the user's program (waitUserExec); it does not go back.
+	execd atomic.Bool
 }
 
 // Create creates the container's state under root (nothing runs yet). A cgroup that still holds

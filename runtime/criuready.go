@@ -30,10 +30,11 @@ import (
 // exited child nobody owns): it is owned from its start to its wait (CRIUChildren). Its
 // parent-death signal (the wrapper's, pkg/criuwrap) is tied to the thread that forked it, which
 // Go may end once a goroutine locked to it exits: the goroutine that starts it keeps its thread
-// locked until CRIU is waited for. It is ended when its container goes (Destroy, Vacate: the
-// engine a restore in place replaces) and with the shim (the signal). An idle `criu swrk` holds
-// 6 MB resident, 0.9 MB of it its own (the rest its shared libraries' pages), and the shim a
-// thread (docs/performance.md).
+// locked until CRIU is waited for. It is ended when its container goes (Destroy, Vacate) and with
+// the shim (the signal); a restore in place hands it to the engine that replaces the container's
+// (KeepReadyCRIU before Vacate, AdoptReadyCRIU after). An idle `criu swrk` holds 6 MB resident,
+// 0.9 MB of it its own (the rest its shared libraries' pages), and the shim a thread
+// (docs/performance.md).
 
 // CRIUChildren keeps the shim's reaper of orphans off the CRIU processes the runtime starts
 // ahead of a dump and waits for itself: Hold suspends reaping (until release), Own and Disown
@@ -167,6 +168,14 @@ type pendingSwrk struct {
 	err  error
 }
 
+// end waits for the CRIU's start, then ends it if it started.
+func (p *pendingSwrk) end() {
+	<-p.done
+	if p.s != nil {
+		p.s.end()
+	}
+}
+
 // prepare starts the next CRIU in the background, unless one is there or the container is gone.
 func (r *readyCRIU) prepare() {
 	r.mu.Lock()
@@ -201,9 +210,7 @@ func (r *readyCRIU) take() (*swrk, error) {
 		if p.err == nil && p.s.alive() {
 			return p.s, nil
 		}
-		if p.s != nil {
-			p.s.end()
-		}
+		p.end()
 	}
 	return startSwrk()
 }
@@ -252,10 +259,7 @@ func (kept *ReadyCRIU) End() {
 	if kept == nil {
 		return
 	}
-	<-kept.p.done
-	if kept.p.s != nil {
-		kept.p.s.end()
-	}
+	kept.p.end()
 }
 
 // end ends the CRIU started ahead, if any, and every later prepare.
@@ -267,8 +271,5 @@ func (r *readyCRIU) end() {
 	if p == nil {
 		return
 	}
-	<-p.done
-	if p.s != nil {
-		p.s.end()
-	}
+	p.end()
 }

@@ -26,9 +26,10 @@ import (
 //
 // The switch rule: a capture costs a walk of the upper (O(entries)) and a write of what changed
 // (O(entries written) plus O(bytes)), both while the task is frozen. Past switchEntries entries,
-// switchWrites entries to write or switchBytes bytes it costs more than today's in-place cycle (a dump that stops the task, the upper frozen as it is in
-// O(1), a restore on a fresh, empty upper), which the checkpoint then takes: the next captures
-// start again from an empty upper. docs/checkpoints.md has the measurements behind the numbers.
+// switchWrites entries to write or switchBytes bytes it costs more than the in-place cycle (a
+// dump that stops the task, the upper frozen as it is in O(1), a restore on a fresh, empty
+// upper), which the checkpoint then takes: the next captures start again from an empty upper.
+// docs/checkpoints.md has the measurements behind the numbers.
 //
 // A client that paused the task before the checkpoint (containerd's Go client, ctr, nerdctl and
 // the CRI do for a runtime not named runc) diffs the container's snapshot once it returns, the task
@@ -78,28 +79,30 @@ func (ck *checkpointRun) captureRootfs(ctx context.Context, sn snapshots.Snapsho
 
 // frozen dumps and captures while the task's cgroup is frozen, then thaws it unless the client
 // had paused it: whatever fails, the capture is aborted (its layer removed if it was committed)
-// and the task runs on as it was. Only the dump, the walk and the copy of what changed happen
-// while it is frozen. Of the snapshot calls (through containerd), those that find the upper come
-// first, and with limit an estimate of the capture (a walk while the task runs) applies the
-// switch rule before anything is dumped; the capture's snapshot is prepared while the task is
-// frozen and dumped, and the capture written beside the dump is committed there too (CRIU's
-// time, which the round trips then cost nothing of; the thaw does not wait for the commit); a
-// capture written after the dump is committed once the task is thawed. It returns the capture, written, its layer's record if it
-// was committed, and ctx under the checkpoint's work lease.
+// and the task runs on as it was. The dump, the walk and the copy of what changed happen while
+// it is frozen, and what of the commit and the lineage's update fits beside the dump. Of the
+// snapshot calls (through containerd), those that find the upper come first, and with limit the
+// switch rule is applied before anything is dumped (switchBeforeDump); the capture's snapshot is
+// prepared while the task is frozen and dumped, and the capture written beside the dump is
+// committed there too (CRIU's time, which the round trips then cost nothing of; the thaw does not
+// wait for the commit); a capture written after the dump is committed once the task is thawed.
+// It returns the capture, written, its layer's record if it was committed, and ctx under the
+// checkpoint's work lease.
 func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, key string, meta checkpoint.Meta, dump func() error, limit bool, t *steps) (*capture.Capture, *capture.Record, context.Context, error) {
 	cp, err := capture.Open(ctx, sn, key, meta.Frozen, ck.c.captured)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	t.mark("open")
+	eng := ck.c.engine()
+	clientPaused := eng.Paused()
 	if limit {
-		if err := ck.switchBeforeDump(cp, t); err != nil {
+		if err := ck.switchBeforeDump(cp, clientPaused, t); err != nil {
 			return nil, nil, nil, err
 		}
 	}
 	p := ck.prepareCapture(ctx, sn, cp)
-	eng := ck.c.engine()
-	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: eng.Paused(), prepared: p.wait,
+	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: clientPaused, prepared: p.wait,
 		watch: func() (seizeWaiter, error) { return eng.WatchSeized() },
 		commit: func(lctx context.Context) (*capture.Record, error) {
 			rec, err := cp.Commit(lctx, sn, layerLabels(meta))
@@ -116,12 +119,18 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 		err = errors.Join(perr, cerr)
 	}
 	if err != nil {
-		if aerr := cp.Abort(ctx, sn); aerr != nil {
-			log.G(ctx).WithError(aerr).Warn("abort the capture: it goes with the work lease")
-		}
+		abortCapture(ctx, sn, cp)
 		return nil, nil, nil, err
 	}
 	return cp, rec, lctx, nil
+}
+
+// abortCapture removes the capture of a checkpoint that failed: its snapshot, or its layer once
+// committed. What the snapshotter does not remove goes with the checkpoint's work lease.
+func abortCapture(ctx context.Context, sn snapshots.Snapshotter, cp *capture.Capture) {
+	if err := cp.Abort(ctx, sn); err != nil {
+		log.G(ctx).WithError(err).Warn("abort the capture: it goes with the work lease")
+	}
 }
 
 // layerLabels are the labels of checkpoint meta's frozen layer.
@@ -139,23 +148,24 @@ func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshot
 	t := ck.t
 	var err error
 	if meta.Parent, err = ck.baseCheckpoint(ctx, sn, cp.Base()); err != nil {
-		if aerr := cp.Abort(ctx, sn); aerr != nil {
-			log.G(ctx).WithError(aerr).Warn("abort the capture: it goes with the work lease")
-		}
+		abortCapture(ctx, sn, cp)
 		return nil, err
 	}
 	t.mark("parent")
-	written := make(chan error, 1)
-	go func() {
-		start := time.Now()
-		err := ck.writeMeta(&meta)
-		t.fields["metaFile"] = time.Since(start) // beside the commit
-		written <- err
-	}()
+	var werr error
 	if rec == nil {
+		written := make(chan error, 1)
+		go func() {
+			start := time.Now()
+			err := ck.writeMeta(&meta)
+			t.fields["metaFile"] = time.Since(start) // beside the commit
+			written <- err
+		}()
 		rec, err = cp.Commit(lctx, sn, layerLabels(meta))
+		werr = <-written
+	} else {
+		werr = ck.writeMeta(&meta) // the layer was committed beside the dump
 	}
-	werr := <-written
 	t.mark("commit")
 	if err == nil && werr == nil {
 		err = ck.list(lctx, meta)
@@ -164,9 +174,7 @@ func (ck *checkpointRun) commit(ctx, lctx context.Context, sn snapshots.Snapshot
 		return rec, nil
 	}
 	if rec != nil {
-		if rerr := cp.Abort(ctx, sn); rerr != nil {
-			log.G(ctx).WithError(rerr).WithField("frozen", meta.Frozen).Warn("remove the unrecorded capture")
-		}
+		abortCapture(ctx, sn, cp)
 	}
 	if werr == nil {
 		os.Remove(filepath.Join(ck.path, checkpoint.MetaFile))
@@ -357,8 +365,7 @@ func (bd *besideDump) end() (started bool, err error) {
 // filesystem's use, one statfs) could put the capture past a limit, and where there is no
 // previous capture. A file rewritten in place takes no new blocks: the walk after the dump still
 // applies the rule to it (and the checkpoint then dumps twice).
-func (ck *checkpointRun) switchBeforeDump(cp *capture.Capture, t *steps) error {
-	paused := ck.c.engine().Paused()
+func (ck *checkpointRun) switchBeforeDump(cp *capture.Capture, paused bool, t *steps) error {
 	g, ok, err := cp.Growth()
 	if err != nil {
 		return err

@@ -118,12 +118,20 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) (err error) {
 	defer ck.undescend(ctx)
 	// The container's record is read from containerd beside the preparation of the dump, which
 	// does not need it, when the spec alone asks for memory: the record's labels can say
-	// otherwise (rarely), and a preparation they make useless is undone.
+	// otherwise (rarely), and a preparation they make useless is undone (the stdio record; the
+	// engine's dump configuration stays, for the next dump).
 	record := ck.readRecord(ctx, ns)
 	var dump *dumpPrep
 	if want, err := checkpoint.RequestedContents(c.spec.Annotations, nil); err == nil && want.HasMemory() {
 		dump = ck.prepareDump()
 	}
+	defer func() {
+		if err != nil && dump != nil && !ck.dumped {
+			// A checkpoint refused before its dump (a label, no rootfs snapshot) leaves the
+			// client's image directory as it found it, so that the same one can be tried again.
+			removeExecStdio(ck.path)
+		}
+	}()
 	rs, err := record()
 	if err != nil {
 		return err
@@ -359,7 +367,7 @@ func (ck *checkpointRun) freezeRecorded(ctx context.Context, sn snapshots.Snapsh
 	if err != nil {
 		return "", err
 	}
-	on, err := freeze.Rootfs(ctx, sn, cs, ck.lm, ck.c.id, meta.Frozen, map[string]string{checkpoint.LabelID: meta.ID})
+	on, err := freeze.Rootfs(ctx, sn, cs, ck.lm, ck.c.id, meta.Frozen, layerLabels(meta))
 	if err != nil {
 		return on, err
 	}

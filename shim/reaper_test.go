@@ -6,24 +6,23 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// zombie starts a process that exits at once and waits until it is a zombie of the test.
+// zombie starts a process that exits at once and waits, without reaping it, until it is a
+// zombie of the test (waitid with WNOWAIT).
 func zombie(t *testing.T, code int) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", "exit "+strconv.Itoa(code))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if state(cmd.Process.Pid) == "Z" {
-			return cmd
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d never became a zombie", cmd.Process.Pid)
-		}
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatalf("wait for pid %d to exit: %v", cmd.Process.Pid, err)
 	}
+	return cmd
 }
 
 // state is the process state letter from /proc/<pid>/stat, "" once the pid is gone.
