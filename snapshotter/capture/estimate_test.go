@@ -85,17 +85,23 @@ func (noLookups) Stat(context.Context, string) (snapshots.Info, error) {
 
 func (noLookups) Mounts(context.Context, string) ([]mount.Mount, error) { return nil, errLookup }
 
-// TestGrowth: after a capture, what was written through the live mount shows in the growth of
-// the upper's filesystem (a tmpfs of the test's own: no other writer), which bounds the upper's
-// entries and size; without a previous capture there is no growth to tell.
-func TestGrowth(t *testing.T) {
+// newTmpfsEnv is newEnv on a tmpfs of the test's own: no other writer changes its use.
+func newTmpfsEnv(t *testing.T) *env {
+	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("needs root: a tmpfs, overlay mounts")
 	}
 	root := t.TempDir()
 	must(t, unix.Mount("tmpfs", root, "tmpfs", 0, "size=64m"))
 	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
-	e := newEnvAt(t, root)
+	return newEnvAt(t, root)
+}
+
+// TestGrowth: after a capture, what was written through the live mount shows in the growth of
+// the upper's filesystem (a tmpfs of the test's own: no other writer), which bounds the upper's
+// entries and size; without a previous capture there is no growth to tell.
+func TestGrowth(t *testing.T) {
+	e := newTmpfsEnv(t)
 	c, err := Open(e.ctx, e.sn, "live", "first", nil)
 	must(t, err)
 	if _, ok, err := c.Growth(); err != nil || ok {
@@ -119,13 +125,7 @@ func TestGrowth(t *testing.T) {
 // growth of the upper: a checkpoint after one that copied n files of 1 MiB, with nothing written
 // in between, sees less than one of them (the snapshotter's metadata may have grown a page).
 func TestGrowthLeavesOutTheCapture(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root: a tmpfs, overlay mounts")
-	}
-	root := t.TempDir()
-	must(t, unix.Mount("tmpfs", root, "tmpfs", 0, "size=64m"))
-	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
-	e := newEnvAt(t, root)
+	e := newTmpfsEnv(t)
 	const n, size = 5, 1 << 20
 	for i := range n {
 		write(t, e.live, fmt.Sprint("work/big", i), strings.Repeat("x", size))
