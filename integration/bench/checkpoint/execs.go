@@ -57,7 +57,7 @@ func (e *env) runExecs(k int) (_ map[string]*measured, retErr error) {
 		}
 	}
 	for i := range execRuns {
-		for _, sys := range order(i) {
+		for sys := range turns(i) {
 			if res[sys] == nil {
 				continue
 			}

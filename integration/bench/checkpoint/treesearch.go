@@ -87,7 +87,7 @@ func (e *env) runTree(c treeConfig) (_ map[string]*measured, retErr error) {
 		if err := e.ctx.Err(); err != nil {
 			return nil, err
 		}
-		for _, sys := range order(k) {
+		for sys := range turns(k) {
 			if boxes[sys] == nil {
 				continue
 			}

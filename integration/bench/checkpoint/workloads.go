@@ -3,8 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cklite/cklite/integration/workload"
 )
@@ -64,15 +67,27 @@ var allSystems = []string{"cklite", "stock"}
 // workload runs).
 var systems = allSystems
 
-// order is the order the systems take turns in round i: alternating who goes first, so that
-// neither always runs right after the other's heavy step (A B B A A B ...).
-func order(i int) []string {
-	if i%2 == 0 {
-		return systems
+// turns yields the systems in the order they take turns in round i: alternating who goes first,
+// so that neither always runs right after the other's heavy step (A B B A A B ...). With both
+// systems measured, each turn begins with a sync, outside any timing: the writeback of what the
+// other system wrote in its turn (stock's rw diffs and checkpoint archives, hundreds of MB in the
+// filesystem workload) was otherwise paid by the next system's operation, whichever it was.
+func turns(i int) iter.Seq[string] {
+	order := systems
+	if i%2 == 1 {
+		order = slices.Clone(systems)
+		slices.Reverse(order)
 	}
-	r := slices.Clone(systems)
-	slices.Reverse(r)
-	return r
+	return func(yield func(string) bool) {
+		for _, sys := range order {
+			if len(systems) > 1 {
+				unix.Sync()
+			}
+			if !yield(sys) {
+				return
+			}
+		}
+	}
 }
 
 // ready waits for a new sandbox's agent to run and returns the token of its probe, which tells
@@ -105,7 +120,7 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 		if err := e.ctx.Err(); err != nil {
 			return nil, err
 		}
-		for _, sys := range order(i) {
+		for sys := range turns(i) {
 			if boxes[sys] == nil {
 				continue
 			}
@@ -123,7 +138,7 @@ func (e *env) runSeries(s series, k, r int) (_ map[string]*measured, retErr erro
 		if err := e.ctx.Err(); err != nil {
 			return nil, err
 		}
-		for _, sys := range order(j) {
+		for sys := range turns(j) {
 			taken := sortedKeys(at[sys])
 			if len(taken) == 0 {
 				continue
@@ -426,7 +441,7 @@ func (e *env) runFanout(ns []int) (_ map[int]map[string]*measured, retErr error)
 			return nil, err
 		}
 		res[n] = map[string]*measured{}
-		for _, sys := range order(round) {
+		for sys := range turns(round) {
 			if boxes[sys] == nil {
 				continue
 			}
