@@ -101,8 +101,8 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 			return nil, nil, nil, err
 		}
 	}
-	p := ck.prepareCapture(ctx, sn, cp)
-	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: clientPaused, prepared: p.wait,
+	prepared := ck.prepareCapture(ctx, sn, cp)
+	fc := &frozenCapture{cp: cp, limit: limit, clientPaused: clientPaused, prepared: prepared,
 		watch: func() (seizeWaiter, error) { return eng.WatchSeized() },
 		commit: func(lctx context.Context) (*capture.Record, error) {
 			rec, err := cp.Commit(lctx, sn, layerLabels(meta))
@@ -113,7 +113,7 @@ func (ck *checkpointRun) frozen(ctx context.Context, sn snapshots.Snapshotter, k
 			return rec, err
 		}}
 	err = ck.whileFrozen(ctx, fc, dump, t)
-	lctx, perr := p.wait()
+	lctx, perr := prepared()
 	rec, cerr := fc.waitCommit(t)
 	if err == nil {
 		err = errors.Join(perr, cerr)
@@ -244,11 +244,10 @@ type frozenCapture struct {
 	beside              bool // it ran beside the dump
 	waited, walked      time.Duration
 	copied              time.Duration
-	// A commit started beside the dump: done once it has ended, with the layer or an error.
-	done      chan struct{}
-	rec       *capture.Record
-	commitErr error
-	committed time.Duration
+	// committing waits for a commit started beside the dump (nil: none was), which took
+	// committed.
+	committing func() (*capture.Record, error)
+	committed  time.Duration
 }
 
 func (fc *frozenCapture) run() error {
@@ -284,27 +283,26 @@ func (fc *frozenCapture) runAndCommit() error {
 	if err := fc.run(); err != nil {
 		return err
 	}
-	fc.done = make(chan struct{})
-	go func() {
-		defer close(fc.done)
+	fc.committing = inBackground(func() (*capture.Record, error) {
 		start := time.Now()
 		lctx, _ := fc.prepared() // run waited for it, and failed if it had
-		fc.rec, fc.commitErr = fc.commit(lctx)
+		rec, err := fc.commit(lctx)
 		fc.committed = time.Since(start)
-	}()
+		return rec, err
+	})
 	return nil
 }
 
 // waitCommit waits for the commit started beside the dump, if one was, and returns its layer
 // (nil when none was started) or why it failed.
 func (fc *frozenCapture) waitCommit(t *steps) (*capture.Record, error) {
-	if fc.done == nil {
+	if fc.committing == nil {
 		return nil, nil
 	}
-	<-fc.done
+	rec, err := fc.committing()
 	t.mark("commitWait") // what of the commit outlasted the dump and the thaw
 	t.fields["commitBeside"] = fc.committed
-	return fc.rec, fc.commitErr
+	return rec, err
 }
 
 // log adds the capture's steps and what it saw to the checkpoint's log line.
@@ -391,28 +389,16 @@ func switchRule(st capture.Stats, clientPaused bool) error {
 	return nil
 }
 
-// preparing is a capture's Prepare (under the checkpoint's work lease) running in the background.
-type preparing struct {
-	done chan struct{}
-	ctx  context.Context // under the work lease
-	err  error
-}
-
-func (ck *checkpointRun) prepareCapture(ctx context.Context, sn snapshots.Snapshotter, cp *capture.Capture) *preparing {
-	p := &preparing{done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		if p.ctx, p.err = ck.lease.under(ctx); p.err == nil {
-			p.err = cp.Prepare(p.ctx, sn)
+// prepareCapture runs the capture's Prepare, under the checkpoint's work lease, in the
+// background; the function returned waits for it and gives ctx under the lease.
+func (ck *checkpointRun) prepareCapture(ctx context.Context, sn snapshots.Snapshotter, cp *capture.Capture) func() (context.Context, error) {
+	return inBackground(func() (context.Context, error) {
+		lctx, err := ck.lease.under(ctx)
+		if err == nil {
+			err = cp.Prepare(lctx, sn)
 		}
-	}()
-	return p
-}
-
-// wait waits for the Prepare and returns how it ended.
-func (p *preparing) wait() (context.Context, error) {
-	<-p.done
-	return p.ctx, p.err
+		return lctx, err
+	})
 }
 
 // baseCheckpoint is the checkpoint whose frozen layer base is: the previous capture's, known

@@ -224,19 +224,7 @@ func (ck *checkpointRun) run(ctx context.Context, ns string) (err error) {
 // readRecord reads the container's record from containerd in the background; the function
 // returned waits for it.
 func (ck *checkpointRun) readRecord(ctx context.Context, ns string) func() (rootfsSnapshot, error) {
-	type read struct {
-		rs  rootfsSnapshot
-		err error
-	}
-	done := make(chan read, 1)
-	go func() {
-		rs, err := ck.s.daemon.containerRootfs(ctx, ns, ck.c.id)
-		done <- read{rs, err}
-	}()
-	return func() (rootfsSnapshot, error) {
-		r := <-done
-		return r.rs, r.err
-	}
+	return inBackground(func() (rootfsSnapshot, error) { return ck.s.daemon.containerRootfs(ctx, ns, ck.c.id) })
 }
 
 // dumpPrep is a prepared CRIU dump: its flags, or why it cannot be taken.

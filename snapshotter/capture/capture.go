@@ -39,8 +39,7 @@ func (c *Capture) Commit(ctx context.Context, sn snapshots.Snapshotter, labels m
 
 // Abort removes the capture's snapshot, or once committed its layer (a checkpoint that failed
 // after the commit). What it cannot remove (the snapshotter is gone) stays under the caller's
-// lease, and goes with it; the error says what stayed.
-// Aborting again does nothing.
+// lease, and goes with it; the error says what stayed. Aborting again does nothing.
 func (c *Capture) Abort(ctx context.Context, sn snapshots.Snapshotter) error {
 	if c.removed {
 		return nil
